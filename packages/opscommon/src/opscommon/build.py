@@ -1,0 +1,274 @@
+"""Build helper that every op package's ``setup.py`` calls.
+
+It decides, explicitly and loudly, whether to build the CPU or the CUDA
+variant, and returns a stable-ABI, ``py_limited_api`` extension:
+
+* ``OPS_CUDA=auto`` (default): CUDA when nvcc and a CUDA torch are both
+  present, CPU otherwise; the choice and its reason are printed.
+* ``OPS_CUDA=1``: CUDA or a :class:`BuildConfigError` that says what to do
+  (no nvcc, a CPU-only torch, a CUDA major that differs from torch's).
+* ``OPS_CUDA=0``: CPU only.
+
+``TORCH_CUDA_ARCH_LIST`` defaults to :data:`DEFAULT_CUDA_ARCH_LIST` (torch
+would otherwise probe the GPUs, and fail with no GPU); ``MAX_JOBS`` is passed
+to ninja by torch's ``BuildExtension``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Mapping
+
+from . import TORCH_TARGET_VERSION, get_include
+
+CUDA_ENV = "OPS_CUDA"
+DEFAULT_CUDA_ARCH_LIST = "8.0;9.0;10.0+PTX"
+# Py_LIMITED_API value and wheel tag: one abi3 wheel for every Python >= 3.10.
+LIMITED_API_HEX = "0x030A0000"
+LIMITED_API_TAG = "cp310"
+
+_ARCH_RE = re.compile(r"^\d+\.\d+a?(\+PTX)?$")
+_NAMED_ARCHES = {"Ampere", "Ada", "Hopper", "Blackwell", "Turing", "Volta", "Pascal"}
+
+
+class BuildConfigError(RuntimeError):
+    """The requested build cannot be made; the message says what to do."""
+
+
+def _log(message: str) -> None:
+    print(f"[opscommon.build] {message}", file=sys.stderr, flush=True)
+
+
+def target_version_macro(version: tuple[int, int] = TORCH_TARGET_VERSION) -> str:
+    """``-DTORCH_TARGET_VERSION`` value: major in bits 56-63, minor in 48-55."""
+    major, minor = version
+    return f"0x{(major << 56) | (minor << 48):016x}"
+
+
+def parse_cuda_choice(value: str | None) -> str:
+    """Normalise the ``OPS_CUDA`` value to ``auto``, ``0`` or ``1``."""
+    v = (value or "auto").strip().lower()
+    if v in ("auto", ""):
+        return "auto"
+    if v in ("1", "yes", "true", "on", "cuda"):
+        return "1"
+    if v in ("0", "no", "false", "off", "cpu"):
+        return "0"
+    raise BuildConfigError(f"{CUDA_ENV}={value!r} is not understood: use auto, 0 (CPU) or 1 (CUDA)")
+
+
+def nvcc_version(nvcc: str) -> tuple[int, int]:
+    """Return (major, minor) of an nvcc binary, from ``nvcc --version``."""
+    out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=True).stdout
+    m = re.search(r"release (\d+)\.(\d+)", out)
+    if not m:
+        raise BuildConfigError(f"could not read the CUDA version from `{nvcc} --version`:\n{out}")
+    return int(m.group(1)), int(m.group(2))
+
+
+def find_nvcc(env: Mapping[str, str] | None = None) -> str | None:
+    """nvcc under CUDA_HOME / CUDA_PATH if set, else on PATH."""
+    env = os.environ if env is None else env
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        home = env.get(var)
+        if home:
+            candidate = Path(home) / "bin" / "nvcc"
+            return str(candidate) if candidate.exists() else None
+    return shutil.which("nvcc", path=env.get("PATH"))
+
+
+@dataclass(frozen=True)
+class Variant:
+    """The build the helper chose, and why."""
+
+    cuda: bool
+    reason: str
+    cuda_version: str | None = None  # torch.version.cuda for a CUDA build
+
+
+def choose_variant(
+    choice: str,
+    torch_cuda: str | None,
+    nvcc: str | None,
+    nvcc_ver: tuple[int, int] | None,
+) -> Variant:
+    """Decide CPU or CUDA from the request and what the machine has.
+
+    Pure function (the unit tests drive it); :func:`detect_variant` feeds it
+    the real machine.
+    """
+    if choice == "0":
+        return Variant(False, f"{CUDA_ENV}=0 asks for the CPU variant")
+    problems = []
+    if torch_cuda is None:
+        problems.append(
+            "the installed torch is a CPU-only build (torch.version.cuda is None); "
+            "install a CUDA build of torch"
+        )
+    if nvcc is None:
+        problems.append(
+            "nvcc was not found (set CUDA_HOME to a CUDA toolkit or put nvcc on PATH)"
+        )
+    elif torch_cuda is not None and nvcc_ver is not None:
+        torch_major = int(torch_cuda.split(".")[0])
+        if nvcc_ver[0] != torch_major:
+            problems.append(
+                f"nvcc is CUDA {nvcc_ver[0]}.{nvcc_ver[1]} but torch was built with CUDA "
+                f"{torch_cuda}; install a CUDA {torch_major}.x toolkit or a torch built for "
+                f"CUDA {nvcc_ver[0]}"
+            )
+    if choice == "1":
+        if problems:
+            raise BuildConfigError(
+                f"{CUDA_ENV}=1 asks for a CUDA build, but " + "; and ".join(problems)
+                + f". Set {CUDA_ENV}=0 to build the CPU variant instead."
+            )
+        return Variant(True, f"{CUDA_ENV}=1 and nvcc {nvcc_ver} matches torch CUDA {torch_cuda}", torch_cuda)
+    if problems:
+        return Variant(False, f"{CUDA_ENV}=auto chose CPU because " + "; and ".join(problems))
+    return Variant(True, f"{CUDA_ENV}=auto found nvcc {nvcc_ver} and torch CUDA {torch_cuda}", torch_cuda)
+
+
+def detect_variant(env: Mapping[str, str] | None = None) -> Variant:
+    """Choose the variant for this machine, from ``OPS_CUDA`` and what is installed."""
+    import torch
+
+    env = os.environ if env is None else env
+    choice = parse_cuda_choice(env.get(CUDA_ENV))
+    if choice == "0":
+        return choose_variant(choice, torch.version.cuda, None, None)
+    nvcc = find_nvcc(env)
+    ver = nvcc_version(nvcc) if nvcc else None
+    return choose_variant(choice, torch.version.cuda, nvcc, ver)
+
+
+def validate_arch_list(value: str) -> list[str]:
+    """Check a ``TORCH_CUDA_ARCH_LIST`` before torch sees it; return its entries."""
+    entries = [e for e in re.split(r"[;\s]+", value.strip()) if e]
+    bad = [e for e in entries if not (_ARCH_RE.match(e) or e in _NAMED_ARCHES)]
+    if not entries or bad:
+        raise BuildConfigError(
+            f"TORCH_CUDA_ARCH_LIST={value!r} is malformed"
+            + (f" (bad entries: {', '.join(bad)})" if bad else "")
+            + f"; use compute capabilities separated by ';', e.g. '{DEFAULT_CUDA_ARCH_LIST}'"
+        )
+    return entries
+
+
+def ensure_arch_list(env: dict | None = None) -> str:
+    """Set ``TORCH_CUDA_ARCH_LIST`` to the default when unset; validate it."""
+    env = os.environ if env is None else env
+    value = env.get("TORCH_CUDA_ARCH_LIST")
+    if not value:
+        env["TORCH_CUDA_ARCH_LIST"] = value = DEFAULT_CUDA_ARCH_LIST
+        _log(f"TORCH_CUDA_ARCH_LIST unset, using {value}")
+    validate_arch_list(value)
+    return value
+
+
+def compile_flags(cuda: bool) -> dict[str, list[str]]:
+    """Compiler flags for the stable ABI targeting torch 2.10."""
+    common = [
+        "-O3",
+        f"-DTORCH_TARGET_VERSION={target_version_macro()}",
+        f"-DPy_LIMITED_API={LIMITED_API_HEX}",
+    ]
+    flags = {"cxx": common + ["-std=c++17", "-fvisibility=hidden"]}
+    if cuda:
+        flags["cxx"].append("-DOPS_WITH_CUDA")
+        flags["nvcc"] = common + [
+            "-std=c++17",
+            "-DOPS_WITH_CUDA",
+            "--expt-relaxed-constexpr",
+            "-lineinfo",
+            # Keep half-precision operators on: the kernels convert explicitly.
+        ]
+    return flags
+
+
+def _sources(root: Path, patterns: Iterable[str]) -> list[str]:
+    found: list[str] = []
+    for pattern in patterns:
+        found += sorted(str(p.relative_to(root)) for p in root.glob(pattern))
+    return found
+
+
+def extension(package: str, root: str | os.PathLike, variant: Variant | None = None):
+    """Return the stable-ABI extension ``<package>._C`` from ``root/csrc``.
+
+    ``csrc/**/*.cpp`` always build; ``csrc/**/*.cu`` only in the CUDA variant.
+    """
+    from torch.utils.cpp_extension import CppExtension, CUDAExtension
+
+    root = Path(root)
+    variant = variant or detect_variant()
+    _log(f"{package}: building the {'CUDA' if variant.cuda else 'CPU'} variant ({variant.reason})")
+    sources = _sources(root, ["csrc/**/*.cpp"])
+    kwargs = dict(
+        name=f"{package}._C",
+        include_dirs=[get_include(), str(root / "csrc")],
+        extra_compile_args=compile_flags(variant.cuda),
+        py_limited_api=True,
+    )
+    if variant.cuda:
+        ensure_arch_list()
+        return CUDAExtension(sources=sources + _sources(root, ["csrc/**/*.cu"]), **kwargs)
+    return CppExtension(sources=sources, **kwargs)
+
+
+def build_info(package: str, version: str, variant: Variant) -> dict:
+    """What the runtime loader checks at import: torch range and CUDA major."""
+    import torch
+
+    return {
+        "package": package,
+        "version": version,
+        "torch_built_with": torch.__version__.split("+")[0],
+        "torch_min": ".".join(map(str, TORCH_TARGET_VERSION)),
+        "cuda": variant.cuda_version if variant.cuda else None,
+        "cuda_arch_list": os.environ.get("TORCH_CUDA_ARCH_LIST") if variant.cuda else None,
+    }
+
+
+def runtime_module_source(info: dict) -> str:
+    """The ``<package>/_runtime.py`` written into every built package."""
+    template = (Path(__file__).parent / "runtime_template.py").read_text()
+    placeholder = "BUILD_INFO: dict = {}  # filled in at build time\n"
+    assert placeholder in template, "runtime_template.py lost its BUILD_INFO line"
+    header = "# Generated from opscommon/runtime_template.py at build time; do not edit.\n"
+    return header + template.replace(placeholder, f"BUILD_INFO: dict = {info!r}\n")
+
+
+def setup_kwargs(package: str, version: str, root: str | os.PathLike) -> dict:
+    """Everything an op's ``setup.py`` passes to ``setuptools.setup``.
+
+    Builds ``<package>._C`` with ninja and writes ``<package>/_runtime.py``
+    (loader, import-time version checks, argument checks for fake kernels).
+    """
+    from torch.utils.cpp_extension import BuildExtension
+
+    variant = detect_variant()
+    info = build_info(package, version, variant)
+
+    class BuildOpExtension(BuildExtension.with_options(use_ninja=True)):
+        def run(self) -> None:
+            super().run()
+            dest_root = Path(self.build_lib)
+            if self.inplace:
+                dest_root = Path(root) / "src"
+            dest = dest_root / package / "_runtime.py"
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_text(runtime_module_source(info))
+            _log(f"{package}: wrote {dest}")
+
+    return dict(
+        ext_modules=[extension(package, root, variant)],
+        cmdclass={"build_ext": BuildOpExtension},
+        options={"bdist_wheel": {"py_limited_api": LIMITED_API_TAG}},
+    )
