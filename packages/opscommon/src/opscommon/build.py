@@ -181,14 +181,10 @@ def compile_flags(cuda: bool) -> dict[str, list[str]]:
     ]
     flags = {"cxx": common + ["-std=c++17", "-fvisibility=hidden"]}
     if cuda:
-        flags["cxx"].append("-DOPS_WITH_CUDA")
-        flags["nvcc"] = common + [
-            "-std=c++17",
-            "-DOPS_WITH_CUDA",
-            "--expt-relaxed-constexpr",
-            "-lineinfo",
-            # Keep half-precision operators on: the kernels convert explicitly.
-        ]
+        # USE_CUDA exposes the CUDA part of the C shim (the current stream).
+        cuda_defines = ["-DOPS_WITH_CUDA", "-DUSE_CUDA"]
+        flags["cxx"] += cuda_defines
+        flags["nvcc"] = common + cuda_defines + ["-std=c++17", "--expt-relaxed-constexpr", "-lineinfo"]
     return flags
 
 

@@ -1,0 +1,151 @@
+"""Benchmark helpers shared by every op package's ``bench/`` script.
+
+Timing follows the usual rules for asynchronous devices: warm up, time with
+CUDA events (device time) or synchronize around a host clock (wall time per
+call), repeat, report the median. Results are rows of a table printed as text,
+and optionally written as Markdown, JSON and a PNG plot of throughput against
+size with the copy-bandwidth roofline drawn.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+
+
+@dataclass
+class Row:
+    """One measured point of a benchmark table."""
+
+    op: str  # e.g. "round_ste"
+    variant: str  # e.g. "round_op", "torch composite", "copy (roofline)"
+    mode: str  # e.g. "forward", "forward+backward"
+    dtype: str
+    size: str  # a label: "2^20", "B16 F32 S128"
+    median_us: float
+    numel: int = 0
+    bytes_moved: int = 0  # fewest bytes the work must move, for throughput
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def gbps(self) -> float:
+        return self.bytes_moved / (self.median_us * 1e-6) / 1e9 if self.bytes_moved else float("nan")
+
+
+def device_time_us(fn: Callable[[], object], warmup: int = 5, repeat: int = 30) -> float:
+    """Median device time of one call, in microseconds (CUDA events), or the
+    median wall time on the CPU."""
+    for _ in range(warmup):
+        fn()
+    if not torch.cuda.is_available() or torch.cuda.current_device() is None:
+        return wall_time_us(fn, warmup=0, repeat=repeat)
+    times = []
+    for _ in range(repeat):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return statistics.median(times)
+
+
+def wall_time_us(fn: Callable[[], object], warmup: int = 10, repeat: int = 200,
+                 sync: bool = True) -> float:
+    """Median wall time of one synchronized call, in microseconds."""
+    def synchronize() -> None:
+        if sync and torch.cuda.is_available():
+            torch.cuda.synchronize()
+
+    for _ in range(warmup):
+        fn()
+    synchronize()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        synchronize()
+        times.append((time.perf_counter() - t0) * 1e6)
+    return statistics.median(times)
+
+
+def format_table(rows: Sequence[Row], baseline: str | None = None) -> str:
+    """A plain-text table; with ``baseline``, each row's speed-up against the
+    row of that variant with the same op, mode, dtype and size."""
+    base = {}
+    if baseline:
+        base = {(r.op, r.mode, r.dtype, r.size): r.median_us for r in rows if r.variant == baseline}
+    header = ["op", "mode", "dtype", "size", "variant", "median us", "GB/s"]
+    if baseline:
+        header.append(f"x vs {baseline}")
+    lines = [header]
+    for r in rows:
+        line = [r.op, r.mode, r.dtype, r.size, r.variant, f"{r.median_us:.1f}",
+                "-" if not r.bytes_moved else f"{r.gbps:.0f}"]
+        if baseline:
+            b = base.get((r.op, r.mode, r.dtype, r.size))
+            line.append(f"{b / r.median_us:.2f}" if b else "-")
+        lines.append(line)
+    widths = [max(len(str(l[i])) for l in lines) for i in range(len(header))]
+    out = []
+    for i, l in enumerate(lines):
+        out.append("  ".join(str(c).rjust(w) for c, w in zip(l, widths)))
+        if i == 0:
+            out.append("  ".join("-" * w for w in widths))
+    return "\n".join(out)
+
+
+def to_markdown(rows: Sequence[Row], baseline: str | None = None) -> str:
+    text = format_table(rows, baseline).splitlines()
+    cells = [[c for c in line.split("  ") if c.strip()] for line in text if not set(line) <= {"-", " "}]
+    md = ["| " + " | ".join(c.strip() for c in cells[0]) + " |",
+          "|" + "---|" * len(cells[0])]
+    md += ["| " + " | ".join(c.strip() for c in row) + " |" for row in cells[1:]]
+    return "\n".join(md) + "\n"
+
+
+def write_results(rows: Sequence[Row], out_dir: str | Path, name: str,
+                  baseline: str | None = None, plot_roofline: str | None = None) -> None:
+    """Write ``name.md``, ``name.json`` and, where matplotlib is installed and
+    rows carry byte counts, ``name.png`` (throughput against elements, one
+    line per variant, the ``plot_roofline`` variant drawn dashed)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.md").write_text(to_markdown(rows, baseline))
+    (out / f"{name}.json").write_text(json.dumps([asdict(r) for r in rows], indent=1))
+    plotted = [r for r in rows if r.bytes_moved and r.numel]
+    if not plotted:
+        return
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no plot written")
+        return
+    panels = sorted({(r.mode, r.dtype) for r in plotted})
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
+    for ax, (mode, dtype) in zip(axes[0], panels):
+        for variant in dict.fromkeys(r.variant for r in plotted):
+            pts = sorted((r.numel, r.gbps) for r in plotted
+                         if r.variant == variant and r.mode == mode and r.dtype == dtype)
+            if pts:
+                style = "--" if variant == plot_roofline else "-o"
+                ax.plot(*zip(*pts), style, label=variant, markersize=3)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("elements")
+        ax.set_ylabel("GB/s (bytes read + written)")
+        ax.set_title(f"{name}: {mode}, {dtype}")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / f"{name}.png", dpi=110)
+    plt.close(fig)
