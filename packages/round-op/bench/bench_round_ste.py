@@ -1,0 +1,66 @@
+"""Throughput of round_op.round_ste against the straight-through composite in
+plain PyTorch and a device copy of the same tensor (the roofline).
+
+    python bench/bench_round_ste.py [--max-log2 28] [--out DIR]
+
+Prints a table; with --out also writes round_ste.md/.json/.png there.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+import round_op
+from opscommon.bench import Row, device_time_us, format_table, write_results
+
+
+def composite(x: torch.Tensor) -> torch.Tensor:
+    return x + ((x >= 0.5).to(x.dtype) - x).detach()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--min-log2", type=int, default=12)
+    parser.add_argument("--max-log2", type=int, default=28)
+    parser.add_argument("--step", type=int, default=2)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        args.max_log2 = min(args.max_log2, 24)
+    rows = []
+    for dtype in (torch.float32, torch.bfloat16):
+        for k in range(args.min_log2, args.max_log2 + 1, args.step):
+            n = 1 << k
+            x = torch.rand(n, device=device, dtype=dtype)
+            g = torch.rand(n, device=device, dtype=dtype)
+            xg = x.clone().requires_grad_(True)
+            nbytes = 2 * n * x.element_size()  # read x, write y
+            dst = torch.empty_like(x)
+            variants = {
+                "copy (roofline)": (lambda: dst.copy_(x), None),
+                "round_op": (lambda: round_op.round_ste(x),
+                             lambda: round_op.round_ste(xg).backward(g)),
+                "torch composite": (lambda: composite(x), lambda: composite(xg).backward(g)),
+            }
+            for name, (fwd, fwd_bwd) in variants.items():
+                common = dict(op="round_ste", variant=name, dtype=str(dtype).replace("torch.", ""),
+                              size=f"2^{k}", numel=n, bytes_moved=nbytes)
+                rows.append(Row(mode="forward", median_us=device_time_us(fwd), **common))
+                # forward+backward moves the forward's bytes plus the gradient's
+                # read+write; the copy row stands for the same byte count.
+                bwd = fwd_bwd or (lambda: (dst.copy_(x), dst.copy_(g)))
+                xg.grad = None
+                rows.append(Row(mode="forward+backward", median_us=device_time_us(bwd),
+                                **{**common, "bytes_moved": 2 * nbytes}))
+    print(f"device: {torch.cuda.get_device_name() if device == 'cuda' else 'cpu'}, torch {torch.__version__}")
+    print(format_table(rows, baseline="torch composite"))
+    if args.out:
+        write_results(rows, args.out, "round_ste", baseline="torch composite",
+                      plot_roofline="copy (roofline)")
+
+
+if __name__ == "__main__":
+    main()
