@@ -1,0 +1,60 @@
+// A tiny stable-ABI extension built in the test run against opscommon's
+// headers: proves they compile and behave (checks, dispatch, CPU map).
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/ops.h>
+#include <torch/csrc/stable/tensor.h>
+
+#include "opscommon/checks.h"
+#include "opscommon/cpu.h"
+#include "opscommon/dispatch.h"
+
+namespace {
+
+using torch::stable::Tensor;
+constexpr const char* kOp = "opscommon_tiny.axpy";
+
+template <typename T>
+struct Axpy {
+  inline T operator()(T x, T y) const {
+    using acc = opscommon::acc_t<T>;
+    return static_cast<T>(acc(2) * static_cast<acc>(x) + static_cast<acc>(y));
+  }
+};
+
+// 2 * x + y, same shape, dtype and device.
+Tensor axpy(Tensor x, Tensor y) {
+  opscommon::check_same_device(kOp, "x", x, "y", y);
+  opscommon::check_same_dtype(kOp, "x", x, "y", y);
+  opscommon::check_same_shape(kOp, "x", x, "y", y);
+  opscommon::check_dtype_in(kOp, "x", x,
+                            {opscommon::ScalarType::Float, opscommon::ScalarType::Double,
+                             opscommon::ScalarType::Half, opscommon::ScalarType::BFloat16,
+                             opscommon::ScalarType::Int, opscommon::ScalarType::Long});
+  const Tensor xc = torch::stable::contiguous(x);
+  const Tensor yc = torch::stable::contiguous(y);
+  Tensor out = torch::stable::empty_like(xc);
+  opscommon::dispatch_floating_and_int(xc.scalar_type(), kOp, [&](auto tag) {
+    using T = decltype(tag);
+    opscommon::cpu_map(xc.numel(), Axpy<T>{}, out.mutable_data_ptr<T>(), xc.const_data_ptr<T>(),
+                       yc.const_data_ptr<T>());
+  });
+  return out;
+}
+
+// Raises unless x has shape [*, 3].
+Tensor rows_of_three(Tensor x) {
+  opscommon::check_shape("opscommon_tiny.rows_of_three", "x", x, {-1, 3});
+  return x;
+}
+
+}  // namespace
+
+STABLE_TORCH_LIBRARY(opscommon_tiny, m) {
+  m.def("axpy(Tensor x, Tensor y) -> Tensor");
+  m.def("rows_of_three(Tensor x) -> Tensor");
+}
+
+STABLE_TORCH_LIBRARY_IMPL(opscommon_tiny, CPU, m) {
+  m.impl("axpy", TORCH_BOX(&axpy));
+  m.impl("rows_of_three", TORCH_BOX(&rows_of_three));
+}

@@ -1,0 +1,141 @@
+"""The build helper's choices: CPU or CUDA, arch list, flags, messages."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+import torch
+
+from opscommon import build
+from opscommon.build import BuildConfigError, choose_variant
+
+
+def test_target_version_is_torch_2_10():
+    assert build.target_version_macro() == "0x020a000000000000"
+    flags = build.compile_flags(cuda=False)["cxx"]
+    assert "-DTORCH_TARGET_VERSION=0x020a000000000000" in flags
+    assert "-O3" in flags and f"-DPy_LIMITED_API={build.LIMITED_API_HEX}" in flags
+
+
+def test_cuda_flags_only_for_cuda():
+    assert "nvcc" not in build.compile_flags(cuda=False)
+    nvcc = build.compile_flags(cuda=True)["nvcc"]
+    assert "-DUSE_CUDA" in nvcc and "-O3" in nvcc
+
+
+@pytest.mark.parametrize("value, want", [(None, "auto"), ("AUTO", "auto"), ("1", "1"), ("cuda", "1"), ("0", "0"), ("off", "0")])
+def test_parse_cuda_choice(value, want):
+    assert build.parse_cuda_choice(value) == want
+
+
+def test_parse_cuda_choice_rejects_nonsense():
+    with pytest.raises(BuildConfigError, match="OPS_CUDA='maybe' is not understood"):
+        build.parse_cuda_choice("maybe")
+
+
+def test_cpu_when_asked():
+    v = choose_variant("0", "13.0", "/x/nvcc", (13, 0))
+    assert not v.cuda and "OPS_CUDA=0" in v.reason
+
+
+def test_auto_picks_cuda_when_everything_matches():
+    v = choose_variant("auto", "13.0", "/x/nvcc", (13, 0))
+    assert v.cuda and v.cuda_version == "13.0"
+
+
+@pytest.mark.parametrize(
+    "torch_cuda, nvcc, ver, reason",
+    [
+        (None, "/x/nvcc", (13, 0), "CPU-only build"),
+        ("13.0", None, None, "nvcc was not found"),
+        ("12.8", "/x/nvcc", (13, 0), "nvcc is CUDA 13.0 but torch was built with CUDA 12.8"),
+    ],
+)
+def test_auto_falls_back_to_cpu_and_says_why(torch_cuda, nvcc, ver, reason):
+    v = choose_variant("auto", torch_cuda, nvcc, ver)
+    assert not v.cuda and reason in v.reason
+
+
+@pytest.mark.parametrize(
+    "torch_cuda, nvcc, ver, reason",
+    [
+        (None, "/x/nvcc", (13, 0), "CPU-only build"),
+        ("13.0", None, None, "nvcc was not found"),
+        ("12.8", "/x/nvcc", (13, 0), "nvcc is CUDA 13.0 but torch was built with CUDA 12.8"),
+    ],
+)
+def test_cuda_requested_fails_loudly(torch_cuda, nvcc, ver, reason):
+    with pytest.raises(BuildConfigError, match=reason) as info:
+        choose_variant("1", torch_cuda, nvcc, ver)
+    assert "OPS_CUDA=0" in str(info.value)  # says what to do instead
+
+
+def _fake_nvcc(tmp_path, release: str) -> str:
+    """A real executable that prints what nvcc --version prints."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    nvcc = bindir / "nvcc"
+    nvcc.write_text(
+        "#!/bin/sh\necho 'nvcc: NVIDIA (R) Cuda compiler driver'\n"
+        f"echo 'Cuda compilation tools, release {release}, V{release}.88'\n"
+    )
+    nvcc.chmod(nvcc.stat().st_mode | stat.S_IEXEC)
+    return str(nvcc)
+
+
+def test_nvcc_version_and_cuda_home(tmp_path):
+    nvcc = _fake_nvcc(tmp_path, "12.9")
+    assert build.nvcc_version(nvcc) == (12, 9)
+    assert build.find_nvcc({"CUDA_HOME": str(tmp_path)}) == nvcc
+    assert build.find_nvcc({"CUDA_HOME": str(tmp_path / "missing")}) is None
+
+
+def test_detect_variant_on_this_machine(tmp_path):
+    # The real torch and a real (fake-versioned) nvcc: a mismatch must be loud.
+    env = {"OPS_CUDA": "1", "CUDA_HOME": str(tmp_path), "PATH": os.environ.get("PATH", "")}
+    _fake_nvcc(tmp_path, "11.8")
+    with pytest.raises(BuildConfigError):
+        build.detect_variant(env)
+    assert not build.detect_variant({**env, "OPS_CUDA": "0"}).cuda
+    if torch.version.cuda is None:
+        assert not build.detect_variant({**env, "OPS_CUDA": "auto"}).cuda
+
+
+def test_arch_list_default_and_validation():
+    env: dict = {}
+    assert build.ensure_arch_list(env) == build.DEFAULT_CUDA_ARCH_LIST
+    assert env["TORCH_CUDA_ARCH_LIST"] == build.DEFAULT_CUDA_ARCH_LIST
+    for entry in ("8.0", "9.0", "PTX"):
+        assert entry in build.DEFAULT_CUDA_ARCH_LIST
+    assert build.validate_arch_list("8.0 9.0a;10.0+PTX") == ["8.0", "9.0a", "10.0+PTX"]
+    for bad in ("", "sm_90", "9", "9.0;banana"):
+        with pytest.raises(BuildConfigError, match="TORCH_CUDA_ARCH_LIST=.* is malformed"):
+            build.validate_arch_list(bad)
+
+
+def test_runtime_module_fills_build_info():
+    info = {"package": "x_op", "version": "1.2.3", "torch_built_with": "2.13.0",
+            "torch_min": "2.10", "cuda": None, "cuda_arch_list": None}
+    source = build.runtime_module_source(info)
+    namespace: dict = {}
+    exec(compile(source, "_runtime.py", "exec"), namespace)
+    assert namespace["BUILD_INFO"] == info
+    namespace["check_torch"](info)  # the running torch is new enough
+
+
+@pytest.mark.parametrize(
+    "info_update, message",
+    [
+        ({"torch_min": "9.0"}, "for torch >= 9.0.*Install torch>=9.0"),
+        ({"cuda": "99.0"}, "CUDA 99.0 build"),
+    ],
+)
+def test_runtime_import_checks(info_update, message):
+    info = {"package": "x_op", "version": "1.2.3", "torch_built_with": "2.13.0",
+            "torch_min": "2.10", "cuda": None, "cuda_arch_list": None, **info_update}
+    namespace: dict = {}
+    exec(compile(build.runtime_module_source(info), "_runtime.py", "exec"), namespace)
+    with pytest.raises(ImportError, match=message):
+        namespace["check_torch"](info)

@@ -1,0 +1,67 @@
+"""Compile a tiny extension against opscommon's headers with the build
+helper's flags, load it, and check what the headers do."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.cpp_extension import load
+
+import opscommon
+from opscommon.build import compile_flags
+
+HERE = Path(__file__).parent
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    build_dir = tmp_path_factory.mktemp("tiny_build")
+    load(
+        name="opscommon_tiny",
+        sources=[str(HERE / "ext" / "tiny_ops.cpp")],
+        extra_cflags=compile_flags(cuda=False)["cxx"],
+        extra_include_paths=[opscommon.get_include()],
+        build_directory=str(build_dir),
+        is_python_module=False,
+        verbose=bool(os.environ.get("VERBOSE")),
+    )
+    return torch.ops.opscommon_tiny
+
+
+@pytest.mark.parametrize(
+    "dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int32, torch.int64]
+)
+@pytest.mark.parametrize("n", [0, 1, 31, 100_003])  # 100_003 crosses the parallel grain
+def test_cpu_map_and_dispatch(tiny, dtype, n):
+    x = (torch.randn(n) * 100).to(dtype)
+    y = (torch.randn(n) * 100).to(dtype)
+    want = (2 * x.double() + y.double()).to(dtype)
+    torch.testing.assert_close(tiny.axpy(x, y), want)
+
+
+def test_non_contiguous_inputs(tiny):
+    x = torch.randn(8, 6).t()
+    y = torch.randn(16, 6)[::2].t()
+    torch.testing.assert_close(tiny.axpy(x, y), 2 * x + y)
+
+
+@pytest.mark.parametrize(
+    "x, y, message",
+    [
+        (torch.ones(3), torch.ones(4), r"opscommon_tiny.axpy: arguments 'x' and 'y' must have the same shape, got \[3\] and \[4\]"),
+        (torch.ones(3), torch.ones(3, dtype=torch.float64), "arguments 'x' and 'y' must have the same dtype, got float32 and float64"),
+        (torch.ones(3, dtype=torch.bool), torch.ones(3, dtype=torch.bool), "argument 'x' has dtype bool; supported dtypes are float32, float64"),
+    ],
+)
+def test_checks_name_op_and_argument(tiny, x, y, message):
+    with pytest.raises(RuntimeError, match=message):
+        tiny.axpy(x, y)
+
+
+def test_check_shape_wildcards(tiny):
+    tiny.rows_of_three(torch.ones(5, 3))
+    with pytest.raises(RuntimeError, match=r"argument 'x' must have shape \[\*, 3\], got \[5, 4\]"):
+        tiny.rows_of_three(torch.ones(5, 4))
