@@ -21,7 +21,7 @@ def tiny(tmp_path_factory):
     build_dir = tmp_path_factory.mktemp("tiny_build")
     load(
         name="opscommon_tiny",
-        sources=[str(HERE / "ext" / "tiny_ops.cpp")],
+        sources=[str(HERE / "ext" / "csrc" / "tiny_ops.cpp")],
         extra_cflags=compile_flags(cuda=False)["cxx"],
         extra_include_paths=[opscommon.get_include()],
         build_directory=str(build_dir),

@@ -12,11 +12,23 @@ from round_op._runtime import BUILD_INFO
 OP = "round_op.round_ste"
 
 
+class _ReferenceRoundSTE(torch.autograd.Function):
+    """floor(x + 0.5) without forming x + 0.5; the gradient passes through.
+
+    (The composite x + (round(x) - x).detach() would turn inf into NaN.)"""
+
+    @staticmethod
+    def forward(ctx, x):
+        r = torch.floor(x)
+        return torch.where(x - r >= 0.5, r + 1, r)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
 def reference_round_half_up(x: torch.Tensor) -> torch.Tensor:
-    """floor(x + 0.5) without forming x + 0.5, plus the straight-through gradient."""
-    r = torch.floor(x)
-    forward = torch.where(x - r >= 0.5, r + 1, r)
-    return x + (forward - x).detach()
+    return _ReferenceRoundSTE.apply(x)
 
 
 class TestRoundSteContract(OpContract):
@@ -104,3 +116,19 @@ def test_cpu_only_build_rejects_cuda_clearly():
         pytest.skip("only for a CPU-only build in a CUDA torch")
     with pytest.raises(RuntimeError, match="CPU-only build"):
         round_op.round_ste(torch.ones(2, device="cuda"))
+
+
+@pytest.mark.cuda
+def test_more_than_2_31_elements_on_gpu():
+    if not cuda_usable(BUILD_INFO):
+        pytest.skip("needs a CUDA GPU and a CUDA build")
+    n = 2**31 + 77  # odd: exercises the vector body past 2^31 and the scalar tail
+    if torch.cuda.mem_get_info()[0] < 3 * n * 2:
+        pytest.skip("not enough GPU memory")
+    x = torch.empty(n, dtype=torch.bfloat16, device="cuda").uniform_(-4, 4)
+    out = round_op.round_ste(x)
+    picks = torch.cat([torch.arange(1000, device="cuda"), torch.arange(n - 1000, n, device="cuda"),
+                       torch.randint(0, n, (100_000,), device="cuda")])
+    torch.testing.assert_close(out[picks], reference_round_half_up(x[picks]), rtol=0, atol=0)
+    del x, out
+    torch.cuda.empty_cache()

@@ -97,6 +97,7 @@ def choose_variant(
     torch_cuda: str | None,
     nvcc: str | None,
     nvcc_ver: tuple[int, int] | None,
+    arch_list_error: str | None = None,
 ) -> Variant:
     """Decide CPU or CUDA from the request and what the machine has.
 
@@ -123,6 +124,8 @@ def choose_variant(
                 f"{torch_cuda}; install a CUDA {torch_major}.x toolkit or a torch built for "
                 f"CUDA {nvcc_ver[0]}"
             )
+    if arch_list_error:
+        problems.append(arch_list_error)
     if choice == "1":
         if problems:
             raise BuildConfigError(
@@ -145,7 +148,13 @@ def detect_variant(env: Mapping[str, str] | None = None) -> Variant:
         return choose_variant(choice, torch.version.cuda, None, None)
     nvcc = find_nvcc(env)
     ver = nvcc_version(nvcc) if nvcc else None
-    return choose_variant(choice, torch.version.cuda, nvcc, ver)
+    arch_error = None
+    if env.get("TORCH_CUDA_ARCH_LIST"):
+        try:
+            validate_arch_list(env["TORCH_CUDA_ARCH_LIST"])
+        except BuildConfigError as e:
+            arch_error = str(e)
+    return choose_variant(choice, torch.version.cuda, nvcc, ver, arch_error)
 
 
 def validate_arch_list(value: str) -> list[str]:

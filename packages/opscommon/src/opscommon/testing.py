@@ -9,7 +9,10 @@ runs every ``test_*`` method below for it:
 * gradients against the reference's autograd, and ``gradcheck`` in float64;
 * ``torch.library.opcheck`` on the registered ops;
 * ``torch.compile(fullgraph=True)`` with no graph break;
-* bad input: a clear error naming the op and the argument.
+* bad input: a clear error naming the op and the argument;
+* reliability: property tests (hypothesis) over shapes, layouts and special
+  values, calls from several threads and CUDA streams, CUDA graph capture and
+  replay, and no memory growth over repeated calls.
 
 CUDA variants carry the ``cuda`` marker and skip without a GPU or without a
 CUDA build of the package.
@@ -17,11 +20,16 @@ CUDA build of the package.
 
 from __future__ import annotations
 
+import concurrent.futures
+import gc
+import os
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Sequence
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 FLOATING_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 LAYOUTS = ("contiguous", "transposed", "strided", "offset")
@@ -72,7 +80,165 @@ def _as_tuple(x: Any) -> tuple:
     return tuple(x) if isinstance(x, (tuple, list)) else (x,)
 
 
-class OpContract:
+# -- reliability -----------------------------------------------------------------
+
+SPECIAL_VALUES = (float("nan"), float("inf"), float("-inf"), -0.0, 1e-40, -1e-40, 3e38, -3e38)
+
+
+def inject_special_values(t: torch.Tensor, draw: Callable, dtype: torch.dtype) -> torch.Tensor:
+    """Overwrite a few random elements of a float tensor with special values
+    (clamped to what ``dtype`` can hold: 3e38 is inf in float16)."""
+    if not t.is_floating_point() or t.numel() == 0:
+        return t
+    t = t.clone()
+    flat = t.view(-1)
+    k = draw(st.integers(0, min(8, flat.numel())))
+    for _ in range(k):
+        index = draw(st.integers(0, flat.numel() - 1))
+        flat[index] = draw(st.sampled_from(SPECIAL_VALUES))
+    return t
+
+
+class ReliabilityContract:
+    """Mixin of OpContract: property, concurrency, stream, graph and memory tests."""
+
+    def _property_check(self, device: str, data: st.DataObject) -> None:
+        case = data.draw(self.case_strategy(), label="case")
+        dtype = data.draw(st.sampled_from(list(self.dtypes)), label="dtype")
+        layout = data.draw(st.sampled_from(LAYOUTS), label="layout")
+        inputs = self.make_inputs(case, dtype, device)
+        if self.special_values:
+            inputs = tuple(inject_special_values(t, data.draw, dtype) if isinstance(t, torch.Tensor) else t
+                           for t in inputs)
+        laid = tuple(with_layout(t, layout) if isinstance(t, torch.Tensor) else t for t in inputs)
+        out = self.call(*laid)
+        ref = self.reference(*inputs)
+        for o, r in zip(_as_tuple(out), _as_tuple(ref), strict=True):
+            torch.testing.assert_close(o, r.to(o.dtype), equal_nan=True, **self.tolerance(dtype))
+
+    @pytest.mark.parametrize("device", DEVICES)
+    def test_property_matches_reference(self, device: str) -> None:
+        device = self._device(device)
+        examples = []
+
+        @settings(max_examples=self.property_examples, deadline=None, derandomize=False,
+                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+        @given(data=st.data())
+        def check(data: st.DataObject) -> None:
+            examples.append(1)
+            self._property_check(device, data)
+
+        check()
+        print(f"{self.op_name}: {len(examples)} property examples on {device}")
+
+    @pytest.mark.parametrize("device", DEVICES)
+    def test_threads_match_serial_calls(self, device: str) -> None:
+        device = self._device(device)
+        dtype = torch.float32 if torch.float32 in self.dtypes else self.dtypes[0]
+        jobs = [self.make_inputs(case, dtype, device) for case in list(self.cases) * 2]
+        serial = [self.call(*inputs) for inputs in jobs]
+        with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+            threaded = list(pool.map(lambda inputs: self.call(*inputs), jobs))
+        for a, b in zip(threaded, serial):
+            for x, y in zip(_as_tuple(a), _as_tuple(b)):
+                torch.testing.assert_close(x, y, rtol=0, atol=0, equal_nan=True)
+
+    @pytest.mark.cuda
+    def test_side_streams_without_hidden_syncs(self) -> None:
+        self._device("cuda")
+        dtype = torch.float32 if torch.float32 in self.dtypes else self.dtypes[0]
+        jobs = [self.make_inputs(case, dtype, "cuda") for case in self.cases]
+        expected = [self.call(*inputs) for inputs in jobs]
+        torch.cuda.synchronize()
+        streams = [torch.cuda.Stream() for _ in range(3)]
+        results = []
+        # Any synchronizing call inside the op would raise in this mode.
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for i, inputs in enumerate(jobs):
+                stream = streams[i % len(streams)]
+                stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(stream):
+                    results.append(self.call(*inputs))
+                    for t in _as_tuple(results[-1]):
+                        t.record_stream(stream)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        torch.cuda.synchronize()
+        for got, want in zip(results, expected):
+            for x, y in zip(_as_tuple(got), _as_tuple(want)):
+                torch.testing.assert_close(x, y, rtol=0, atol=0, equal_nan=True)
+
+    @pytest.mark.cuda
+    def test_cuda_graph_replay_matches_eager(self) -> None:
+        self._device("cuda")
+        case = self.grad_cases[-1]
+        static = self._grad_inputs(self.make_inputs(case, torch.float32, "cuda"))
+        diff = [t for t in static if isinstance(t, torch.Tensor) and t.requires_grad]
+
+        def step() -> tuple:
+            outs = _as_tuple(self.call(*static))
+            loss = sum((o.float() * (i + 1)).sum() for i, o in enumerate(outs))
+            grads = torch.autograd.grad(loss, diff) if diff else ()
+            return outs + tuple(grads)
+
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):  # warm-up outside capture, as CUDA graphs require
+                step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = step()
+        for _ in range(2):  # fresh data through the same graph
+            fresh = self.make_inputs(case, torch.float32, "cuda")
+            with torch.no_grad():
+                for s, f in zip(static, fresh):
+                    if isinstance(s, torch.Tensor):
+                        s.copy_(f)
+            graph.replay()
+            torch.cuda.synchronize()
+            eager = step()
+            for x, y in zip(captured, eager, strict=True):
+                torch.testing.assert_close(x, y, rtol=1e-6, atol=1e-6)
+
+    @pytest.mark.parametrize("device", DEVICES)
+    def test_repeated_calls_do_not_grow_memory(self, device: str) -> None:
+        device = self._device(device)
+        case = max(self.grad_cases, key=lambda c: len(str(c)))
+        inputs = self._grad_inputs(self.make_inputs(case, torch.float32, device))
+        diff = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
+
+        def step() -> None:
+            outs = _as_tuple(self.call(*inputs))
+            loss = sum(o.float().sum() for o in outs)
+            if diff:
+                torch.autograd.grad(loss, diff)
+
+        for _ in range(200):
+            step()
+        gc.collect()
+        rss0, gpu0 = _rss_bytes(), _gpu_bytes(device)
+        for _ in range(3000):
+            step()
+        gc.collect()
+        rss_growth, gpu_growth = _rss_bytes() - rss0, _gpu_bytes(device) - gpu0
+        assert gpu_growth == 0, f"GPU memory grew by {gpu_growth} bytes over 3000 calls"
+        # Allocator noise stays far below 32 MiB; a per-call leak does not.
+        assert rss_growth < 32 * 2**20, f"RSS grew by {rss_growth / 2**20:.1f} MiB over 3000 calls"
+
+
+def _rss_bytes() -> int:
+    with open(f"/proc/{os.getpid()}/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _gpu_bytes(device: str) -> int:
+    return torch.cuda.memory_allocated() if device == "cuda" else 0
+
+
+class OpContract(ReliabilityContract):
     """Base class of every op's contract tests; subclass it as ``Test...``."""
 
     #: "<namespace>.<op>" as it appears in error messages.
@@ -112,6 +278,16 @@ class OpContract:
     def tolerance(self, dtype: torch.dtype) -> dict:
         """assert_close keyword arguments for outputs of ``dtype``."""
         return {}
+
+    #: Property tests: how many hypothesis examples per device.
+    property_examples: ClassVar[int] = 60
+    #: Whether inputs may hold NaN, +-inf, -0.0, subnormals and huge values
+    #: (ops whose reference propagates them elementwise).
+    special_values: ClassVar[bool] = True
+
+    def case_strategy(self) -> st.SearchStrategy:
+        """Cases for the property tests; by default the listed cases."""
+        return st.sampled_from(list(self.cases))
 
     # -- helpers --------------------------------------------------------------
     def _device(self, device: str) -> str:
@@ -207,3 +383,4 @@ class OpContract:
         for bad in cases:
             with pytest.raises(bad.error, match=bad.match):
                 bad.call()
+
