@@ -3,12 +3,12 @@
 # variant required), run every test suite including the GPU tests, then the
 # benchmarks. For a GPU machine without network access.
 #   scripts/gpu-check.sh [package ...]   (default: every op package)
-#   RESULTS=dir keeps logs and benchmark tables there; BENCH=0 skips benchmarks.
+#   RESULTS=dir keeps logs and benchmark tables there (default bench-results);
+#   ARCHIVE=file.tgz also packs them into one file; BENCH=0 skips benchmarks.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-RESULTS=${RESULTS:-bench-results}
-mkdir -p "$RESULTS"
+RESULTS=$(mkdir -p "${RESULTS:-bench-results}" && cd "${RESULTS:-bench-results}" && pwd)
 export OPS_CUDA=1 PYTHONUNBUFFERED=1
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
 export MAX_JOBS=${MAX_JOBS:-16}
@@ -21,14 +21,14 @@ for p in "${packages[@]}"; do
   [ -f "packages/$p/setup.py" ] || { echo "skip $p: no setup.py"; continue; }
   echo "=== build $p"
   if ! $PY -m pip install --no-build-isolation --no-deps packages/$p >"$RESULTS/build-$p.log" 2>&1; then
-    tail -40 "$RESULTS/build-$p.log"; status=1; continue
+    grep -E "error|Error" "$RESULTS/build-$p.log" | head -40; status=1; continue
   fi
   grep "opscommon.build" "$RESULTS/build-$p.log" | head -2
 done
 for p in opscommon "${packages[@]}"; do
   [ -d "packages/$p/tests" ] || continue
   echo "=== test $p"
-  (cd /tmp && $PY -m pytest -q -p no:cacheprovider "$OLDPWD/packages/$p/tests" -rs 2>&1 | tee "$OLDPWD/$RESULTS/test-$p.log" | tail -25) || status=1
+  (cd /tmp && $PY -X faulthandler -m pytest -q -p no:cacheprovider "$OLDPWD/packages/$p/tests" -rs 2>&1 | tee "$RESULTS/test-$p.log" | tail -25) || status=1
 done
 if [ "${BENCH:-1}" = 1 ]; then
   for p in "${packages[@]}"; do
@@ -39,4 +39,5 @@ if [ "${BENCH:-1}" = 1 ]; then
     done
   done
 fi
+[ -n "${ARCHIVE:-}" ] && tar czf "$ARCHIVE" -C "$RESULTS" .
 exit $status
