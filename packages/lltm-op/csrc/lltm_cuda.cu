@@ -1,0 +1,362 @@
+// lltm_op: CUDA kernels of the fused LLTM cell (forward and backward).
+//
+// Inputs: P = [old_h, input] @ weights.t() ([B, 3S], from cuBLAS through
+// torch), bias ([3S]) and old_cell ([B, S]); the gates are P + bias.
+//
+// Forward: one grid-stride loop with 64-bit indices over the B x S cell
+// elements. In an iteration a thread handles VEC consecutive state columns j
+// of one row r: it reads the three gate pre-activations (columns j, S+j, 2S+j
+// of the row; the bias comes from cache), old_cell[r, j], computes in float
+// (double for float64; float16/bfloat16 with the hardware exp2, see FastMath
+// in lltm.h) and writes new_h and new_cell once. Neighbouring
+// threads take neighbouring columns, so every access is coalesced; with
+// VEC > 1 every access is one 16-byte vector.
+//   bytes: reads P (3S) + old_cell (S), writes new_h (S) + new_cell (S).
+//
+// Backward: the same per-element work, but a thread keeps its VEC columns for
+// all the rows it visits (blockIdx.y / threadIdx.y stride over rows), so it
+// can also sum its dP values over those rows: d_bias = sum over the batch of
+// dP comes out of the same pass (block partial sums in shared memory, one row
+// of partials per blockIdx.y, added in a fixed order by a small second kernel:
+// deterministic), and dP is never read back.
+//   bytes: reads grad_h, grad_cell (S each; nothing when absent, one value
+//   per row when expanded), P (3S), old_cell (S); writes dP (3S), d_old_cell
+//   (S); plus 3S partials per blockIdx.y.
+//
+// Nothing is zero-filled; outputs are written exactly once.
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/ops.h>
+#include <torch/csrc/stable/tensor.h>
+
+#include <algorithm>
+#include <optional>
+#include <tuple>
+#include <type_traits>
+
+#include "lltm.h"
+#include "opscommon/checks.h"
+#include "opscommon/cuda.h"
+#include "opscommon/dispatch.h"
+#include "opscommon/vectorized.h"
+
+namespace lltm_op {
+
+using opscommon::AlignedVector;
+using torch::stable::Tensor;
+
+namespace {
+
+constexpr unsigned int kThreads = 256;
+// 256 threads x 8 blocks = 2048 resident threads per SM (Hopper's maximum);
+// the grid-stride loops cover anything beyond one full wave.
+constexpr int kBlocksPerSm = 8;
+// At least 3 resident backward blocks per SM (768 threads): caps registers
+// at 85 per thread. The backward keeps 3 x VEC running sums per thread, so
+// the half types use 8-byte vectors (4 elements) there: 8 would spill.
+constexpr int kBackwardMinBlocks = 3;
+
+template <typename T>
+constexpr int forward_vec() {
+  return opscommon::vec_size<T>();  // 16 bytes
+}
+template <typename T>
+constexpr int backward_vec() {
+  return sizeof(T) == 2 ? 4 : opscommon::vec_size<T>();
+}
+// Column vectors per backward block row: up to 64 x 16 bytes per row.
+constexpr unsigned int kMaxBlockColumns = 64;
+
+// VEC elements of row r starting at column j (a multiple of VEC). In the
+// vector path an operand either has unit column stride (then its rows are
+// 16-byte aligned: checked at launch) or column stride 0 (a gradient
+// expanded along the row: one scalar per row). nullptr reads as zeros.
+template <int VEC, typename T>
+__device__ __forceinline__ AlignedVector<T, VEC> load(const Mat<T>& m, int64_t r, int64_t j) {
+  AlignedVector<T, VEC> out;
+  if (m.p == nullptr) {
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) out.val[k] = static_cast<T>(0.0f);
+    return out;
+  }
+  const T* row = m.p + r * m.rs;
+  if constexpr (VEC == 1) {
+    out.val[0] = row[j * m.cs];
+  } else {
+    if (m.cs == 0) {
+      const T x = row[0];
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) out.val[k] = x;
+    } else {
+      out = *reinterpret_cast<const AlignedVector<T, VEC>*>(row + j);
+    }
+  }
+  return out;
+}
+
+// The math each storage type computes with (see lltm.h).
+template <typename T>
+using MathFor = std::conditional_t<sizeof(T) == 2, FastMath, AccurateMath>;
+
+template <int VEC, typename T>
+__device__ __forceinline__ void store(T* p, const AlignedVector<T, VEC>& v) {
+  *reinterpret_cast<AlignedVector<T, VEC>*>(p) = v;
+}
+
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kThreads)
+    cell_forward_kernel(int64_t rows, int64_t S, Mat<T> gates, Mat<T> bias, Mat<T> old_c,
+                        T* __restrict__ new_h, T* __restrict__ new_c) {
+  using A = opscommon::acc_t<T>;
+  const int64_t per_row = S / VEC;
+  const int64_t n = rows * per_row;
+  OPSCOMMON_KERNEL_LOOP(v, n) {
+    const int64_t r = v / per_row;
+    const int64_t j = (v - r * per_row) * VEC;
+    const AlignedVector<T, VEC> gi = load<VEC>(gates, r, j);
+    const AlignedVector<T, VEC> go = load<VEC>(gates, r, S + j);
+    const AlignedVector<T, VEC> gz = load<VEC>(gates, r, 2 * S + j);
+    const AlignedVector<T, VEC> c = load<VEC>(old_c, r, j);
+    const AlignedVector<T, VEC> bi = load<VEC>(bias, 0, j);
+    const AlignedVector<T, VEC> bo = load<VEC>(bias, 0, S + j);
+    const AlignedVector<T, VEC> bz = load<VEC>(bias, 0, 2 * S + j);
+    AlignedVector<T, VEC> h_out, c_out;
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      A h, nc;
+      cell_forward_math<A, MathFor<T>>(static_cast<A>(gi.val[k]) + static_cast<A>(bi.val[k]),
+                           static_cast<A>(go.val[k]) + static_cast<A>(bo.val[k]),
+                           static_cast<A>(gz.val[k]) + static_cast<A>(bz.val[k]),
+                           static_cast<A>(c.val[k]), h, nc);
+      h_out.val[k] = static_cast<T>(h);
+      c_out.val[k] = static_cast<T>(nc);
+    }
+    store<VEC>(new_h + r * S + j, h_out);
+    store<VEC>(new_c + r * S + j, c_out);
+  }
+}
+
+// Block (bx, by), bx * by = kThreads: threadIdx.x picks a column vector,
+// threadIdx.y and blockIdx.y stride over rows. partial: [gridDim.y, 3S].
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kThreads, kBackwardMinBlocks)
+    cell_backward_kernel(int64_t rows, int64_t S, Mat<T> grad_h, Mat<T> grad_c, Mat<T> gates,
+                         Mat<T> bias, Mat<T> old_c, T* __restrict__ d_gates,
+                         T* __restrict__ d_old_c, opscommon::acc_t<T>* __restrict__ partial) {
+  using A = opscommon::acc_t<T>;
+  constexpr int Q = 3 * VEC;  // bias-gradient sums per thread
+  __shared__ A red[kThreads * Q];
+
+  const int64_t per_row = S / VEC;
+  const int64_t cv = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t j = cv * VEC;
+  A sum[3][VEC];
+#pragma unroll
+  for (int k = 0; k < 3; ++k) {
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) sum[k][e] = A(0);
+  }
+  if (cv < per_row) {
+    // This thread's bias columns, loaded once for all its rows.
+    const AlignedVector<T, VEC> bi = load<VEC>(bias, 0, j);
+    const AlignedVector<T, VEC> bo = load<VEC>(bias, 0, S + j);
+    const AlignedVector<T, VEC> bz = load<VEC>(bias, 0, 2 * S + j);
+    const int64_t row_stride = static_cast<int64_t>(gridDim.y) * blockDim.y;
+    for (int64_t r = static_cast<int64_t>(blockIdx.y) * blockDim.y + threadIdx.y; r < rows;
+         r += row_stride) {
+      const AlignedVector<T, VEC> gh = load<VEC>(grad_h, r, j);
+      const AlignedVector<T, VEC> gc = load<VEC>(grad_c, r, j);
+      const AlignedVector<T, VEC> gi = load<VEC>(gates, r, j);
+      const AlignedVector<T, VEC> go = load<VEC>(gates, r, S + j);
+      const AlignedVector<T, VEC> gz = load<VEC>(gates, r, 2 * S + j);
+      const AlignedVector<T, VEC> c = load<VEC>(old_c, r, j);
+      AlignedVector<T, VEC> d_i, d_o, d_z, d_c;
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        A a_i, a_o, a_z, a_c;
+        cell_backward_math<A, MathFor<T>>(static_cast<A>(gh.val[e]), static_cast<A>(gc.val[e]),
+                              static_cast<A>(gi.val[e]) + static_cast<A>(bi.val[e]),
+                              static_cast<A>(go.val[e]) + static_cast<A>(bo.val[e]),
+                              static_cast<A>(gz.val[e]) + static_cast<A>(bz.val[e]),
+                              static_cast<A>(c.val[e]), a_i, a_o, a_z, a_c);
+        sum[0][e] += a_i;
+        sum[1][e] += a_o;
+        sum[2][e] += a_z;
+        d_i.val[e] = static_cast<T>(a_i);
+        d_o.val[e] = static_cast<T>(a_o);
+        d_z.val[e] = static_cast<T>(a_z);
+        d_c.val[e] = static_cast<T>(a_c);
+      }
+      T* dg = d_gates + r * 3 * S + j;
+      store<VEC>(dg, d_i);
+      store<VEC>(dg + S, d_o);
+      store<VEC>(dg + 2 * S, d_z);
+      store<VEC>(d_old_c + r * S + j, d_c);
+    }
+  }
+
+  // Sum the block's rows: thread t's sums at red[t * Q + k * VEC + e].
+  const unsigned int t = threadIdx.y * blockDim.x + threadIdx.x;
+#pragma unroll
+  for (int k = 0; k < 3; ++k) {
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) red[t * Q + k * VEC + e] = sum[k][e];
+  }
+  __syncthreads();
+  // Output o = (k, x, e) with e fastest: consecutive o are consecutive
+  // columns of gate k, so the partial row is written contiguously.
+  const unsigned int row_len = blockDim.x * VEC;
+  const unsigned int n_out = 3 * row_len;
+  for (unsigned int o = t; o < n_out; o += blockDim.x * blockDim.y) {
+    const unsigned int k = o / row_len;
+    const unsigned int rem = o - k * row_len;
+    const unsigned int x = rem / VEC;
+    const unsigned int e = rem - x * VEC;
+    const int64_t col = static_cast<int64_t>(blockIdx.x) * row_len + rem;  // within gate k
+    if (col >= S) continue;
+    A s = A(0);
+    for (unsigned int y = 0; y < blockDim.y; ++y) s += red[(y * blockDim.x + x) * Q + k * VEC + e];
+    partial[static_cast<int64_t>(blockIdx.y) * 3 * S + k * S + col] = s;
+  }
+}
+
+// d_bias[c] = sum over p of partial[p, c], in order p = 0, 1, ...
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    bias_grad_kernel(int64_t cols, int64_t parts, const opscommon::acc_t<T>* __restrict__ partial,
+                     T* __restrict__ d_bias) {
+  using A = opscommon::acc_t<T>;
+  OPSCOMMON_KERNEL_LOOP(c, cols) {
+    A s = A(0);
+    for (int64_t p = 0; p < parts; ++p) s += partial[p * cols + c];
+    d_bias[c] = static_cast<T>(s);
+  }
+}
+
+// Whether an operand can be read VEC elements at a time (see load()).
+template <int VEC, typename T>
+bool vector_ok(const Mat<T>& m) {
+  if (m.p == nullptr || m.cs == 0) return true;
+  return m.cs == 1 && m.rs % VEC == 0 && opscommon::is_aligned(m.p, VEC * sizeof(T));
+}
+
+template <int VEC, typename T>
+bool out_ok(const T* p) {
+  return opscommon::is_aligned(p, VEC * sizeof(T));
+}
+
+template <typename T>
+void launch_forward(int device, cudaStream_t stream, int64_t B, int64_t S, Mat<T> g, Mat<T> b,
+                    Mat<T> oc, T* h, T* c) {
+  constexpr int V = forward_vec<T>();
+  if (S % V == 0 && vector_ok<V>(g) && vector_ok<V>(b) && vector_ok<V>(oc) && out_ok<V>(h) &&
+      out_ok<V>(c)) {
+    const auto cfg = opscommon::launch_config(B * (S / V), device, kThreads, kBlocksPerSm);
+    cell_forward_kernel<T, V><<<cfg.blocks, cfg.threads, 0, stream>>>(B, S, g, b, oc, h, c);
+  } else {
+    const auto cfg = opscommon::launch_config(B * S, device, kThreads, kBlocksPerSm);
+    cell_forward_kernel<T, 1><<<cfg.blocks, cfg.threads, 0, stream>>>(B, S, g, b, oc, h, c);
+  }
+  OPSCOMMON_CUDA_CHECK_LAUNCH();
+}
+
+struct BackwardGrid {
+  dim3 grid;
+  dim3 block;
+};
+
+// Columns across threadIdx.x (a power of two up to kMaxBlockColumns that
+// covers the row when it is short), rows across threadIdx.y and blockIdx.y,
+// with about one full wave of blocks in all.
+inline BackwardGrid backward_grid(int64_t B, int64_t per_row, int device) {
+  unsigned int bx = 1;
+  while (bx < kMaxBlockColumns && bx < per_row) bx <<= 1;
+  const unsigned int by = kThreads / bx;
+  const int64_t grid_x = (per_row + bx - 1) / bx;
+  const int64_t wave = static_cast<int64_t>(opscommon::multiprocessor_count(device)) * kBlocksPerSm;
+  const int64_t want_y = std::max<int64_t>(1, (B + by - 1) / by);
+  const int64_t cap_y = std::max<int64_t>(1, wave / grid_x);
+  const int64_t grid_y = std::min<int64_t>({want_y, cap_y, 65535});
+  OPSCOMMON_CHECK(grid_x <= 0x7fffffff, kCellBackward, ": state size too large");
+  return {dim3(static_cast<unsigned int>(grid_x), static_cast<unsigned int>(grid_y)),
+          dim3(bx, by)};
+}
+
+template <typename T>
+void launch_backward(const Tensor& like, int device, cudaStream_t stream, int64_t B, int64_t S,
+                     Mat<T> gh, Mat<T> gc, Mat<T> g, Mat<T> b, Mat<T> oc, T* dg, T* dc,
+                     T* d_bias) {
+  using A = opscommon::acc_t<T>;
+  constexpr auto acc_type = std::is_same_v<A, double> ? torch::headeronly::ScalarType::Double
+                                                      : torch::headeronly::ScalarType::Float;
+  constexpr int V = backward_vec<T>();
+  const bool vec = S % V == 0 && vector_ok<V>(gh) && vector_ok<V>(gc) && vector_ok<V>(g) &&
+                   vector_ok<V>(b) && vector_ok<V>(oc) && out_ok<V>(dg) && out_ok<V>(dc);
+  const BackwardGrid cfg = backward_grid(B, vec ? S / V : S, device);
+  const int64_t parts = cfg.grid.y;
+  // Partial sums from the caching allocator: stream-ordered, CUDA-graph safe.
+  Tensor partial = torch::stable::new_empty(like, {parts, 3 * S}, acc_type);
+  A* p = static_cast<A*>(partial.mutable_data_ptr());
+  if (vec) {
+    cell_backward_kernel<T, V><<<cfg.grid, cfg.block, 0, stream>>>(B, S, gh, gc, g, b, oc, dg, dc, p);
+  } else {
+    cell_backward_kernel<T, 1><<<cfg.grid, cfg.block, 0, stream>>>(B, S, gh, gc, g, b, oc, dg, dc, p);
+  }
+  OPSCOMMON_CUDA_CHECK_LAUNCH();
+  const auto fin = opscommon::launch_config(3 * S, device, kThreads, kBlocksPerSm);
+  bias_grad_kernel<T><<<fin.blocks, fin.threads, 0, stream>>>(3 * S, parts, p, d_bias);
+  OPSCOMMON_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+std::tuple<Tensor, Tensor> cell_forward_cuda(Tensor gates, Tensor bias, Tensor old_cell) {
+  int64_t B = 0, S = 0;
+  check_cell_args(kCellForward, gates, bias, old_cell, B, S);
+  const int device = gates.get_device();
+  opscommon::DeviceGuard guard(device);
+  Tensor new_h = torch::stable::new_empty(gates, {B, S});
+  Tensor new_c = torch::stable::new_empty(gates, {B, S});
+  if (B * S == 0) return {new_h, new_c};
+  const cudaStream_t stream = opscommon::current_stream(device);
+  opscommon::dispatch_floating(gates.scalar_type(), kCellForward, [&](auto tag) {
+    using T = decltype(tag);
+    launch_forward<T>(device, stream, B, S, mat_of<T>(gates), row_of<T>(bias),
+                      mat_of<T>(old_cell), new_h.mutable_data_ptr<T>(),
+                      new_c.mutable_data_ptr<T>());
+  });
+  return {new_h, new_c};
+}
+
+std::tuple<Tensor, Tensor, Tensor> cell_backward_cuda(std::optional<Tensor> grad_h,
+                                                      std::optional<Tensor> grad_cell,
+                                                      Tensor gates, Tensor bias,
+                                                      Tensor old_cell) {
+  int64_t B = 0, S = 0;
+  check_cell_args(kCellBackward, gates, bias, old_cell, B, S);
+  if (grad_h) check_grad_arg(kCellBackward, "grad_h", *grad_h, gates, B, S);
+  if (grad_cell) check_grad_arg(kCellBackward, "grad_cell", *grad_cell, gates, B, S);
+  const int device = gates.get_device();
+  opscommon::DeviceGuard guard(device);
+  Tensor d_gates = torch::stable::new_empty(gates, {B, 3 * S});
+  Tensor d_bias = torch::stable::new_empty(gates, {3 * S});
+  Tensor d_old_c = torch::stable::new_empty(gates, {B, S});
+  // B == 0 still runs: the kernels then write d_bias = 0.
+  if (S == 0) return {d_gates, d_bias, d_old_c};
+  const cudaStream_t stream = opscommon::current_stream(device);
+  opscommon::dispatch_floating(gates.scalar_type(), kCellBackward, [&](auto tag) {
+    using T = decltype(tag);
+    const Mat<T> none{nullptr, 0, 0};
+    launch_backward<T>(gates, device, stream, B, S, grad_h ? mat_of<T>(*grad_h) : none,
+                       grad_cell ? mat_of<T>(*grad_cell) : none, mat_of<T>(gates),
+                       row_of<T>(bias), mat_of<T>(old_cell), d_gates.mutable_data_ptr<T>(),
+                       d_old_c.mutable_data_ptr<T>(), d_bias.mutable_data_ptr<T>());
+  });
+  return {d_gates, d_bias, d_old_c};
+}
+
+}  // namespace lltm_op
+
+STABLE_TORCH_LIBRARY_IMPL(lltm_op, CUDA, m) {
+  m.impl("cell_forward", TORCH_BOX(&lltm_op::cell_forward_cuda));
+  m.impl("cell_backward", TORCH_BOX(&lltm_op::cell_backward_cuda));
+}
