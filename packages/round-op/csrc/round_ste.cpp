@@ -6,6 +6,7 @@
 #include "opscommon/checks.h"
 #include "opscommon/cpu.h"
 #include "opscommon/dispatch.h"
+#include "opscommon/tensor.h"
 #include "round_ste.h"
 
 namespace round_op {
@@ -15,8 +16,8 @@ using torch::stable::Tensor;
 Tensor round_ste_cpu(Tensor x) {
   opscommon::check_defined(kRoundSte, "x", x);
   opscommon::check_floating(kRoundSte, "x", x);
-  const Tensor xc = torch::stable::contiguous(x);
-  Tensor out = torch::stable::empty_like(xc);
+  const Tensor xc = opscommon::contiguous_of(x);
+  Tensor out = opscommon::empty_contiguous_like(xc);
   opscommon::dispatch_floating(xc.scalar_type(), kRoundSte, [&](auto tag) {
     using T = decltype(tag);
     opscommon::cpu_map(xc.numel(), RoundHalfUp<T>{}, out.mutable_data_ptr<T>(),

@@ -6,6 +6,7 @@
 #include "opscommon/checks.h"
 #include "opscommon/cuda.h"
 #include "opscommon/dispatch.h"
+#include "opscommon/tensor.h"
 #include "opscommon/vectorized.h"
 #include "round_ste.h"
 
@@ -18,8 +19,8 @@ Tensor round_ste_cuda(Tensor x) {
   opscommon::check_floating(kRoundSte, "x", x);
   const int device = x.get_device();
   opscommon::DeviceGuard guard(device);
-  const Tensor xc = torch::stable::contiguous(x);
-  Tensor out = torch::stable::empty_like(xc);
+  const Tensor xc = opscommon::contiguous_of(x);
+  Tensor out = opscommon::empty_contiguous_like(xc);
   const cudaStream_t stream = opscommon::current_stream(device);
   opscommon::dispatch_floating(xc.scalar_type(), kRoundSte, [&](auto tag) {
     using T = decltype(tag);

@@ -14,6 +14,7 @@
 
 #include "opscommon/checks.h"
 #include "opscommon/dispatch.h"
+#include "opscommon/tensor.h"
 
 #ifdef __CUDACC__
 #define VECADD_OP_HOST_DEVICE __host__ __device__ __forceinline__
@@ -83,42 +84,6 @@ inline void check_out(const Tensor& a, const Tensor& out) {
   }
 }
 
-inline Tensor contiguous_of(const Tensor& t) {
-  // Skips a dispatcher round trip on the common, contiguous path.
-  return t.is_contiguous() ? t : torch::stable::contiguous(t);
-}
-
-// A fresh contiguous tensor of t's shape, dtype and device. Through the C
-// shim's empty_strided: torch::stable::new_empty/empty_like look the aten op
-// up by name and call it boxed, about 1 us more per call, which a small add
-// would otherwise spend mostly there.
-inline Tensor empty_contiguous_like(const Tensor& t) {
-  const int64_t ndim = t.dim();
-  constexpr int64_t kInline = 16;
-  int64_t inline_buf[2 * kInline];
-  std::vector<int64_t> heap_buf;
-  int64_t* sizes = inline_buf;
-  if (ndim > kInline) {
-    heap_buf.resize(2 * ndim);
-    sizes = heap_buf.data();
-  }
-  int64_t* strides = sizes + (ndim > kInline ? ndim : kInline);
-  int64_t step = 1;
-  for (int64_t d = ndim - 1; d >= 0; --d) {
-    sizes[d] = t.size(d);
-    strides[d] = step;
-    step *= sizes[d] > 1 ? sizes[d] : 1;  // torch's contiguous strides
-  }
-  int32_t dtype = 0, device_type = 0, device_index = 0;
-  STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_get_dtype(t.get(), &dtype));
-  STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_type(t.get(), &device_type));
-  STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_index(t.get(), &device_index));
-  AtenTensorHandle handle = nullptr;
-  STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_empty_strided(ndim, sizes, strides, dtype, device_type,
-                                                         device_index, &handle));
-  return Tensor(handle);
-}
-
 // Whether the memory spans of x and y (numel > 0, strides >= 0) intersect.
 inline bool spans_overlap(const Tensor& x, const Tensor& y) {
   auto span = [](const Tensor& t, std::uintptr_t& lo, std::uintptr_t& hi) {
@@ -143,9 +108,9 @@ inline bool writable_in_place(const Tensor& out, const Tensor& in) {
 // The functional overload, after check_inputs: a new contiguous tensor.
 template <typename Run>
 Tensor add_new(const Tensor& a, const Tensor& b, Run&& run) {
-  Tensor result = empty_contiguous_like(a);
+  Tensor result = opscommon::empty_contiguous_like(a);
   if (result.numel() == 0) return result;
-  run(result, contiguous_of(a), contiguous_of(b));
+  run(result, opscommon::contiguous_of(a), opscommon::contiguous_of(b));
   return result;
 }
 
@@ -156,13 +121,13 @@ Tensor add_new(const Tensor& a, const Tensor& b, Run&& run) {
 template <typename Run>
 void add_into(const Tensor& a, const Tensor& b, Tensor& out, Run&& run) {
   if (out.numel() == 0) return;
-  const Tensor ac = contiguous_of(a);
-  const Tensor bc = contiguous_of(b);
+  const Tensor ac = opscommon::contiguous_of(a);
+  const Tensor bc = opscommon::contiguous_of(b);
   if (out.is_contiguous() && writable_in_place(out, ac) && writable_in_place(out, bc)) {
     run(out, ac, bc);
     return;
   }
-  Tensor tmp = empty_contiguous_like(ac);
+  Tensor tmp = opscommon::empty_contiguous_like(ac);
   run(tmp, ac, bc);
   torch::stable::copy_(out, tmp);
 }

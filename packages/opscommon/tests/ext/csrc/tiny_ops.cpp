@@ -7,6 +7,7 @@
 #include "opscommon/checks.h"
 #include "opscommon/cpu.h"
 #include "opscommon/dispatch.h"
+#include "opscommon/tensor.h"
 
 namespace {
 
@@ -30,9 +31,9 @@ Tensor axpy(Tensor x, Tensor y) {
                             {opscommon::ScalarType::Float, opscommon::ScalarType::Double,
                              opscommon::ScalarType::Half, opscommon::ScalarType::BFloat16,
                              opscommon::ScalarType::Int, opscommon::ScalarType::Long});
-  const Tensor xc = torch::stable::contiguous(x);
-  const Tensor yc = torch::stable::contiguous(y);
-  Tensor out = torch::stable::empty_like(xc);
+  const Tensor xc = opscommon::contiguous_of(x);
+  const Tensor yc = opscommon::contiguous_of(y);
+  Tensor out = opscommon::empty_contiguous_like(xc);
   opscommon::dispatch_floating_and_int(xc.scalar_type(), kOp, [&](auto tag) {
     using T = decltype(tag);
     opscommon::cpu_map(xc.numel(), Axpy<T>{}, out.mutable_data_ptr<T>(), xc.const_data_ptr<T>(),
