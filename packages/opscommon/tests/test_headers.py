@@ -65,3 +65,11 @@ def test_check_shape_wildcards(tiny):
     tiny.rows_of_three(torch.ones(5, 3))
     with pytest.raises(RuntimeError, match=r"argument 'x' must have shape \[\*, 3\], got \[5, 4\]"):
         tiny.rows_of_three(torch.ones(5, 4))
+
+
+def test_kernel_exceptions_become_runtime_errors(tiny):
+    with pytest.raises(RuntimeError, match=r"opscommon_tiny.raise_plain: plain \[message\]"):
+        tiny.raise_plain(torch.ones(2))
+    # Numbers in messages (sizes) once crashed some torch builds: see checks.h.
+    with pytest.raises(RuntimeError, match=r"opscommon_tiny.raise_with_size: size 7 shape \[7, 2\]"):
+        tiny.raise_with_size(torch.ones(7, 2))

@@ -48,14 +48,31 @@ Tensor rows_of_three(Tensor x) {
   return x;
 }
 
+// Raises a fixed message: the exception path without any tensor query.
+Tensor raise_plain(Tensor x) {
+  OPSCOMMON_CHECK(false, "opscommon_tiny.raise_plain: plain [message]");
+  return x;
+}
+
+// Raises a message that queries the tensor's sizes.
+Tensor raise_with_size(Tensor x) {
+  OPSCOMMON_CHECK(false, "opscommon_tiny.raise_with_size: size ", x.size(0), " shape ",
+                  opscommon::shape_str(x));
+  return x;
+}
+
 }  // namespace
 
 STABLE_TORCH_LIBRARY(opscommon_tiny, m) {
   m.def("axpy(Tensor x, Tensor y) -> Tensor");
   m.def("rows_of_three(Tensor x) -> Tensor");
+  m.def("raise_plain(Tensor x) -> Tensor");
+  m.def("raise_with_size(Tensor x) -> Tensor");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(opscommon_tiny, CPU, m) {
   m.impl("axpy", TORCH_BOX(&axpy));
   m.impl("rows_of_three", TORCH_BOX(&rows_of_three));
+  m.impl("raise_plain", TORCH_BOX(&raise_plain));
+  m.impl("raise_with_size", TORCH_BOX(&raise_with_size));
 }

@@ -6,9 +6,9 @@
 #include <torch/headeronly/core/ScalarType.h>
 
 #include <initializer_list>
-#include <sstream>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 namespace opscommon {
 
@@ -16,11 +16,22 @@ using torch::headeronly::ScalarType;
 using torch::stable::Tensor;
 
 namespace detail {
+// Messages are built with std::string and std::to_string, not iostreams:
+// formatting numbers through an ostringstream in a kernel crashed inside
+// some torch builds (libstdc++ locale facets shared across libraries).
+inline void append(std::string& s, const std::string& v) { s += v; }
+inline void append(std::string& s, const char* v) { s += v; }
+inline void append(std::string& s, char v) { s += v; }
+template <typename T, typename = std::enable_if_t<std::is_arithmetic_v<T>>>
+inline void append(std::string& s, T v) {
+  s += std::to_string(v);
+}
+
 template <typename... Args>
 std::string concat(const Args&... args) {
-  std::ostringstream oss;
-  ((oss << args), ...);
-  return oss.str();
+  std::string s;
+  (append(s, args), ...);
+  return s;
 }
 }  // namespace detail
 
@@ -49,16 +60,14 @@ inline std::string dtype_name(ScalarType t) {
 }
 
 inline std::string shape_str(const Tensor& t) {
-  std::ostringstream oss;
-  oss << "[";
-  for (int64_t d = 0; d < t.dim(); ++d) oss << (d ? ", " : "") << t.size(d);
-  oss << "]";
-  return oss.str();
+  std::string s = "[";
+  for (int64_t d = 0; d < t.dim(); ++d) s += (d ? ", " : "") + std::to_string(t.size(d));
+  return s + "]";
 }
 
 inline std::string device_str(const Tensor& t) {
   if (t.is_cpu()) return "cpu";
-  if (t.is_cuda()) return detail::concat("cuda:", static_cast<int>(t.get_device()));
+  if (t.is_cuda()) return "cuda:" + std::to_string(static_cast<int>(t.get_device()));
   return "an unsupported device";
 }
 
