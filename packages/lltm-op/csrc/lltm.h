@@ -26,6 +26,10 @@
 
 #ifdef __CUDACC__
 #define LLTM_HD __host__ __device__ __forceinline__
+#elif defined(__GNUC__)
+// Always inlined into the element loops: a call left in a loop stops the
+// compiler from vectorizing it (see lltm_cpu_math.h).
+#define LLTM_HD inline __attribute__((always_inline))
 #else
 #define LLTM_HD inline
 #endif
@@ -50,6 +54,10 @@ struct AccurateMath {
   static LLTM_HD A sigmoid(A x) {
     return A(1) / (A(1) + exp(-x));
   }
+  template <typename A>
+  static LLTM_HD A select(bool c, A a, A b) {
+    return c ? a : b;
+  }
 };
 
 #ifdef __CUDACC__
@@ -66,6 +74,7 @@ struct FastMath {
   static __device__ __forceinline__ float sigmoid(float x) {
     return __frcp_rn(1.0f + __expf(-x));
   }
+  static __device__ __forceinline__ float select(bool c, float a, float b) { return c ? a : b; }
 };
 #endif
 
@@ -74,7 +83,7 @@ template <typename A, typename M = AccurateMath>
 LLTM_HD void cell_forward_math(A gi, A go, A gz, A old_c, A& new_h, A& new_c) {
   const A i = M::sigmoid(gi);
   const A o = M::sigmoid(go);
-  const A z = gz > A(0) ? gz : M::expm1(gz);  // ELU, alpha = 1
+  const A z = M::select(gz > A(0), gz, M::expm1(gz));  // ELU, alpha = 1
   new_c = old_c + z * i;
   new_h = M::tanh(new_c) * o;
 }
@@ -88,9 +97,9 @@ LLTM_HD void cell_backward_math(A grad_h, A grad_c, A gi, A go, A gz, A old_c, A
   const A i = M::sigmoid(gi);
   const A o = M::sigmoid(go);
   const bool positive = gz > A(0);
-  const A em1 = M::expm1(positive ? A(0) : gz);
-  const A z = positive ? gz : em1;
-  const A dz = positive ? A(1) : em1 + A(1);  // elu'(x) = exp(x) for x <= 0
+  const A em1 = M::expm1(M::select(positive, A(0), gz));
+  const A z = M::select(positive, gz, em1);
+  const A dz = M::select(positive, A(1), em1 + A(1));  // elu'(x) = exp(x) for x <= 0
   const A t = M::tanh(old_c + z * i);
   const A d_new_c = grad_c + grad_h * o * (A(1) - t * t);
   d_old_c = d_new_c;

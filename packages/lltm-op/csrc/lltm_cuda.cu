@@ -66,16 +66,36 @@ constexpr int backward_vec() {
 // Column vectors per backward block row: up to 64 x 16 bytes per row.
 constexpr unsigned int kMaxBlockColumns = 64;
 
+// Storage <-> arithmetic type. float16 goes through the __half intrinsics on
+// the bits: Half's own conversion takes the address of its member, which
+// makes ptxas stage the loaded vectors through local memory.
+template <typename T>
+__device__ __forceinline__ opscommon::acc_t<T> to_acc(T v) {
+  return static_cast<opscommon::acc_t<T>>(v);
+}
+template <>
+__device__ __forceinline__ float to_acc<opscommon::Half>(opscommon::Half v) {
+  return __half2float(__ushort_as_half(v.x));
+}
+template <typename T>
+__device__ __forceinline__ T to_storage(opscommon::acc_t<T> v) {
+  return static_cast<T>(v);
+}
+template <>
+__device__ __forceinline__ opscommon::Half to_storage<opscommon::Half>(float v) {
+  return opscommon::Half(__half_as_ushort(__float2half_rn(v)), opscommon::Half::from_bits());
+}
+
 // VEC elements of row r starting at column j (a multiple of VEC). In the
 // vector path an operand either has unit column stride (then its rows are
-// 16-byte aligned: checked at launch) or column stride 0 (a gradient
+// aligned to VEC elements: checked at launch) or column stride 0 (a gradient
 // expanded along the row: one scalar per row). nullptr reads as zeros.
 template <int VEC, typename T>
 __device__ __forceinline__ AlignedVector<T, VEC> load(const Mat<T>& m, int64_t r, int64_t j) {
   AlignedVector<T, VEC> out;
   if (m.p == nullptr) {
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) out.val[k] = static_cast<T>(0.0f);
+    for (int k = 0; k < VEC; ++k) out.val[k] = to_storage<T>(opscommon::acc_t<T>(0));
     return out;
   }
   const T* row = m.p + r * m.rs;
@@ -123,12 +143,12 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
       A h, nc;
-      cell_forward_math<A, MathFor<T>>(static_cast<A>(gi.val[k]) + static_cast<A>(bi.val[k]),
-                           static_cast<A>(go.val[k]) + static_cast<A>(bo.val[k]),
-                           static_cast<A>(gz.val[k]) + static_cast<A>(bz.val[k]),
-                           static_cast<A>(c.val[k]), h, nc);
-      h_out.val[k] = static_cast<T>(h);
-      c_out.val[k] = static_cast<T>(nc);
+      cell_forward_math<A, MathFor<T>>(to_acc(gi.val[k]) + to_acc(bi.val[k]),
+                                       to_acc(go.val[k]) + to_acc(bo.val[k]),
+                                       to_acc(gz.val[k]) + to_acc(bz.val[k]),
+                                       to_acc(c.val[k]), h, nc);
+      h_out.val[k] = to_storage<T>(h);
+      c_out.val[k] = to_storage<T>(nc);
     }
     store<VEC>(new_h + r * S + j, h_out);
     store<VEC>(new_c + r * S + j, c_out);
@@ -173,18 +193,19 @@ __global__ void __launch_bounds__(kThreads, kBackwardMinBlocks)
 #pragma unroll
       for (int e = 0; e < VEC; ++e) {
         A a_i, a_o, a_z, a_c;
-        cell_backward_math<A, MathFor<T>>(static_cast<A>(gh.val[e]), static_cast<A>(gc.val[e]),
-                              static_cast<A>(gi.val[e]) + static_cast<A>(bi.val[e]),
-                              static_cast<A>(go.val[e]) + static_cast<A>(bo.val[e]),
-                              static_cast<A>(gz.val[e]) + static_cast<A>(bz.val[e]),
-                              static_cast<A>(c.val[e]), a_i, a_o, a_z, a_c);
+        cell_backward_math<A, MathFor<T>>(
+            to_acc(gh.val[e]), to_acc(gc.val[e]),
+            to_acc(gi.val[e]) + to_acc(bi.val[e]),
+            to_acc(go.val[e]) + to_acc(bo.val[e]),
+            to_acc(gz.val[e]) + to_acc(bz.val[e]), to_acc(c.val[e]), a_i,
+            a_o, a_z, a_c);
         sum[0][e] += a_i;
         sum[1][e] += a_o;
         sum[2][e] += a_z;
-        d_i.val[e] = static_cast<T>(a_i);
-        d_o.val[e] = static_cast<T>(a_o);
-        d_z.val[e] = static_cast<T>(a_z);
-        d_c.val[e] = static_cast<T>(a_c);
+        d_i.val[e] = to_storage<T>(a_i);
+        d_o.val[e] = to_storage<T>(a_o);
+        d_z.val[e] = to_storage<T>(a_z);
+        d_c.val[e] = to_storage<T>(a_c);
       }
       T* dg = d_gates + r * 3 * S + j;
       store<VEC>(dg, d_i);
@@ -219,16 +240,17 @@ __global__ void __launch_bounds__(kThreads, kBackwardMinBlocks)
   }
 }
 
-// d_bias[c] = sum over p of partial[p, c], in order p = 0, 1, ...
+// d_bias[c] = sum over p of partial[p, c], in order p = 0, 1, ..., in double
+// (a few hundred partials at most; negligible work).
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     bias_grad_kernel(int64_t cols, int64_t parts, const opscommon::acc_t<T>* __restrict__ partial,
                      T* __restrict__ d_bias) {
   using A = opscommon::acc_t<T>;
   OPSCOMMON_KERNEL_LOOP(c, cols) {
-    A s = A(0);
-    for (int64_t p = 0; p < parts; ++p) s += partial[p * cols + c];
-    d_bias[c] = static_cast<T>(s);
+    double s = 0.0;
+    for (int64_t p = 0; p < parts; ++p) s += static_cast<double>(partial[p * cols + c]);
+    d_bias[c] = static_cast<T>(static_cast<A>(s));
   }
 }
 
