@@ -60,14 +60,21 @@ struct LaunchConfig {
   unsigned int threads;
 };
 
+// blocks_per_sm value for a grid that covers all the work (up to max_blocks).
+constexpr int kNoSmCap = 0;
+
 // One thread per work item, rounded up to whole blocks, capped at
-// `blocks_per_sm` blocks per multiprocessor (a grid-stride loop covers the
-// rest) and at `max_blocks`. Never zero blocks, so an empty launch is valid.
+// `blocks_per_sm` blocks per multiprocessor unless that is kNoSmCap (a
+// grid-stride loop covers the rest) and at `max_blocks` (the grid's x limit
+// by default). Never zero blocks, so an empty launch is valid.
 inline LaunchConfig launch_config(int64_t work_items, int device, unsigned int threads = 256,
-                                  int blocks_per_sm = 8, int64_t max_blocks = 1 << 20) {
+                                  int blocks_per_sm = 8, int64_t max_blocks = 0x7fffffff) {
   const int64_t wanted = (work_items + threads - 1) / threads;
-  const int64_t cap = std::min<int64_t>(
-      static_cast<int64_t>(multiprocessor_count(device)) * blocks_per_sm, max_blocks);
+  const int64_t cap =
+      blocks_per_sm == kNoSmCap
+          ? max_blocks
+          : std::min<int64_t>(static_cast<int64_t>(multiprocessor_count(device)) * blocks_per_sm,
+                              max_blocks);
   return {static_cast<unsigned int>(std::max<int64_t>(1, std::min(wanted, cap))), threads};
 }
 
