@@ -524,6 +524,9 @@ def test_cuda_graphs_forward_backward_match_eager(mode, dtype):
     def fresh():
         return make_args(batch, features, state, dtype=dtype, device=device)
 
+    # Same kernels; cuBLAS may still pick another algorithm under capture.
+    tol = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}
+
     if mode == "cuda-graph":
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -547,7 +550,7 @@ def test_cuda_graphs_forward_backward_match_eager(mode, dtype):
             torch.cuda.synchronize()
             got = [o.detach() for o in static_out] + [t.grad for t in static]
             for g, w in zip(got, eager(values)):
-                torch.testing.assert_close(g, w)
+                torch.testing.assert_close(g, w, **tol)
     else:
         compiled = torch.compile(lambda *a: lltm(*a), mode="reduce-overhead", fullgraph=True)
         for _ in range(4):
@@ -557,7 +560,6 @@ def test_cuda_graphs_forward_backward_match_eager(mode, dtype):
             torch.autograd.backward(out, grads)
             got = [o.detach().clone() for o in out] + [t.grad for t in a]
             for g, w in zip(got, eager(values)):
-                tol = {} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}
                 torch.testing.assert_close(g, w, **tol)
 
 
