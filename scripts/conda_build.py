@@ -233,6 +233,23 @@ def purge_cache(cache: Path, names: list[str]) -> None:
                 entry.unlink(missing_ok=True)
 
 
+class _LogTail:
+    """Keeps the build's log messages, to show them when a build or test fails."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def on_log(self, event) -> None:
+        self.lines.append(event.message)
+
+    def on_build_step(self, event) -> None:
+        self.lines.append(f"-- {event.step_name}: {event.message}")
+
+    def on_download_start(self, event) -> None: ...
+    def on_download_progress(self, event) -> None: ...
+    def on_download_complete(self, event) -> None: ...
+
+
 def build_package(pkg: str, variant_file: Path, out: Path, channels: list[str], test: bool) -> list:
     from rattler_build import ToolConfiguration
 
@@ -240,11 +257,16 @@ def build_package(pkg: str, variant_file: Path, out: Path, channels: list[str], 
     for v in _render(RECIPES / pkg / "recipe.yaml", variant_file):
         t0 = time.perf_counter()
         tool = ToolConfiguration(test_strategy="native" if test else "skip", compression_threads=2)
+        tail = _LogTail()
         try:
-            res = v.run_build(tool_config=tool, output_dir=out, channels=channels)
-        except Exception as exc:  # the build's log is in the exception text
-            print(str(exc)[-20000:])
+            res = v.run_build(tool_config=tool, output_dir=out, channels=channels, progress_callback=tail)
+        except Exception as exc:
+            print("\n".join(tail.lines)[-30000:])
+            print(f"{type(exc).__name__}: {str(exc)[-5000:]}")
             raise SystemExit(f"building {pkg} failed")
+        finally:  # rattler-build's work folders: dist/conda stays a plain channel
+            for scratch in ("bld", "test", "src_cache", ".tmp"):
+                shutil.rmtree(out / scratch, ignore_errors=True)
         logtext = "\n".join(res.log)
         summary = [line for line in logtext.splitlines()
                    if " passed" in line or " failed" in line or "tests passed" in line or "Artifact:" in line]
@@ -307,22 +329,6 @@ def _human(n: int) -> str:
     return str(n)
 
 
-def _cuda_home(matrix: dict, version: str) -> Path | None:
-    """A CUDA toolkit for the CUDA variant: CUDA_HOME, else the PyPI toolkit of matrix.toml."""
-    if os.environ.get("CUDA_HOME"):
-        return Path(os.environ["CUDA_HOME"])
-    tk = next((t for t in matrix["cuda"]["toolkit"] if t["version"] == version), None)
-    if tk is None or tk.get("source") != "pypi":
-        return None
-    import site
-
-    for sp in site.getsitepackages():
-        home = Path(sp) / tk["home"]
-        if (home / "bin" / "nvcc").exists():
-            return home
-    return None
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--packages", default=",".join(ORDER),
@@ -330,9 +336,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--request", default=None,
                     help="the one package the fresh environment asks for (default: the last op built)")
     ap.add_argument("--out", type=Path, default=ROOT / "dist" / "conda", help="output channel (emptied first)")
-    ap.add_argument("--cuda", default=None, metavar="VERSION", nargs="?", const="13.0",
-                    help="also build the CUDA variant with this toolkit (default 13.0); needs a CUDA torch "
-                         "wheel and a CUDA toolkit (CUDA_HOME or matrix.toml's PyPI toolkit)")
+    ap.add_argument("--cuda", default=None, metavar="VERSION", nargs="?", const="",
+                    help="also build the CUDA variant with this toolkit of matrix.toml (default: "
+                         "lanes.cuda_toolkit), against that toolkit's torch; a PyPI toolkit only")
     ap.add_argument("--render-only", action="store_true", help="render the recipes and stop")
     ap.add_argument("--variants-only", action="store_true",
                     help="write build/conda/variants.yaml (conda-forge-like, from matrix.toml) and stop")
@@ -357,6 +363,8 @@ def main(argv: list[str] | None = None) -> int:
     request = args.request or (ops[-1] if ops else "opscommon")
 
     matrix = load_matrix()
+    if args.cuda == "":
+        args.cuda = matrix["lanes"]["cuda_toolkit"]
     cf_file = write_variants(conda_forge_variants(matrix), WORK / "variants.yaml")
     if args.variants_only:
         log(f"wrote {cf_file.relative_to(ROOT)}")
@@ -390,26 +398,27 @@ def main(argv: list[str] | None = None) -> int:
         tk = next((t for t in matrix["cuda"]["toolkit"] if t["version"] == args.cuda), None)
         if tk is None:
             raise SystemExit(f"matrix.toml lists no CUDA toolkit {args.cuda}")
-        home = _cuda_home(matrix, args.cuda)
-        if home is None:
-            raise SystemExit(f"--cuda {args.cuda}: no toolkit found (set CUDA_HOME, or install matrix.toml's "
-                             f"PyPI toolkit: pip install {' '.join(tk.get('requirements', []))})")
-        cboot_dir = WORK / f"bootstrap-channel-cuda{args.cuda.replace('.', '')}"
+        if tk.get("source") != "pypi":
+            raise SystemExit(f"CUDA {args.cuda} is declared in matrix.toml (source = {tk.get('source')!r}) and "
+                             "rendered above, but the bootstrap fixture can only repackage a PyPI toolkit; "
+                             "build it with -c conda-forge on a machine that reaches conda-forge")
+        tag = args.cuda.replace(".", "")
+        cboot_dir = WORK / f"bootstrap-channel-cuda{tag}"
         cboot = fixture.build_channel(cboot_dir, f"torch=={_torch_row(matrix, tk['torch'])['version']}",
-                                      cuda_home=home, cuda_version=args.cuda,
-                                      wheel_cache=WORK / f"wheels-cuda{args.cuda.replace('.', '')}",
-                                      force=args.fresh_bootstrap)
+                                      toolkit=tk, arch_list=matrix["cuda"]["arch_list"],
+                                      wheel_cache=WORK / f"wheels-cuda{tag}", force=args.fresh_bootstrap)
+        if cboot["torch_cuda"].split(".")[0] != args.cuda.split(".")[0]:
+            raise SystemExit(f"torch for CUDA {args.cuda} is a CUDA {cboot['torch_cuda']} build")
         flavours.append((args.cuda, cboot, cboot_dir))
     t = lap("bootstrap channel (fixture)", t)
 
-    if any(f[1]["rebuilt"] for f in flavours) and cache.exists():
-        shutil.rmtree(cache)  # bootstrap packages changed under the same names
     out = args.out.resolve()
     if out.exists():
         shutil.rmtree(out)
     (out / "noarch").mkdir(parents=True)
     (out / PLATFORM).mkdir()
     purge_cache(cache, packages)
+    t = lap("clean dist/conda and earlier builds in the package cache", t)
     built = []
     for cuda, bvars, bdir in flavours:
         vfile = write_variants(bootstrap_variants(bvars, cuda), WORK / f"variants-bootstrap-{cuda or 'cpu'}.yaml")
@@ -423,43 +432,48 @@ def main(argv: list[str] | None = None) -> int:
             index(out)
             t = lap(f"build+test {pkg} ({'cuda' + cuda if cuda else 'cpu'})", t)
 
-    # 3. fresh environment with only the requested package
+    # 3. fresh environment(s) with only the requested package
     index(out)
-    cuda_env = flavours[-1][0]
-    env_boot = flavours[-1][2]
-    spec = request
-    banner(f"3. fresh environment: only '{spec}' from {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}"
-           f" (+ bootstrap channel for python/pytorch)")
-    prefix = WORK / f"env-{request}"
-    records = create_env(prefix, [spec], [out.as_uri(), env_boot.resolve().as_uri()], cache)
-    t = lap("solve + install fresh environment", t)
-    smoke = SMOKE.get(request, f"import {request.replace('-', '_')} as m; print(m.__file__)")
-    proc = subprocess.run([str(prefix / "bin" / "python"), "-c", smoke], capture_output=True, text=True,
-                          env={**{k: v for k, v in os.environ.items() if not k.startswith("PYTHON")},
-                               "PATH": f"{prefix / 'bin'}:{os.environ.get('PATH', '')}"})
-    t = lap("forward/backward in the fresh environment", t)
+    envs = []
+    for cuda, _, bdir in flavours:
+        flavour = f"cuda{cuda.replace('.', '')}" if cuda else "cpu"
+        banner(f"3. fresh environment ({flavour}): only '{request}' from dist/conda "
+               f"(+ the {'CUDA ' if cuda else ''}bootstrap channel for python/pytorch)")
+        prefix = WORK / f"env-{request}-{flavour}"
+        records = create_env(prefix, [request], [out.as_uri(), bdir.resolve().as_uri()], cache)
+        t = lap(f"solve + install fresh environment ({flavour})", t)
+        smoke = SMOKE.get(request, f"import {request.replace('-', '_')} as m; print(m.__file__)")
+        proc = subprocess.run([str(prefix / "bin" / "python"), "-c", smoke], capture_output=True, text=True,
+                              env={**{k: v for k, v in os.environ.items() if not k.startswith("PYTHON")},
+                                   "PATH": f"{prefix / 'bin'}:{os.environ.get('PATH', '')}"})
+        t = lap(f"forward/backward in the fresh environment ({flavour})", t)
+        envs.append((flavour, prefix, records, proc))
 
     # 4. report
-    banner("built packages (" + str(out) + ")")
+    banner(f"built packages ({out})")
     for res in built:
         for p in res.packages:
             p = Path(p)
             print(f"  {res.name:10s} {res.version:8s} {res.build_string:26s} {p.parent.name}/{p.name:55s} "
                   f"{_human(p.stat().st_size):>10s}")
-    banner(f"fresh environment {prefix} ({len(records)} packages, requested: {spec})")
-    for r in sorted(env_packages(prefix), key=lambda d: d["name"]):
-        ch = r.get("channel", "") or ""
-        where = "dist/conda" if str(out.as_uri()) in ch or ch.endswith(out.name) else Path(ch).name or ch
-        print(f"  {r['name']:20s} {r['version']:12s} {r['build']:30s} {where}")
-    banner(f"forward/backward: {prefix.name}/bin/python -c <{request} smoke test>")
-    print(proc.stdout, end="")
-    if proc.returncode != 0:
-        print(proc.stderr)
-        raise SystemExit(f"the forward/backward run in the fresh environment failed (exit {proc.returncode})")
+    failed = []
+    for flavour, prefix, records, proc in envs:
+        banner(f"fresh environment {prefix.relative_to(ROOT)}: {len(records)} packages, requested only '{request}'")
+        for r in sorted(env_packages(prefix), key=lambda d: d["name"]):
+            ch = (r.get("channel") or "").rstrip("/")
+            where = "dist/conda" if ch == out.as_uri().rstrip("/") else ch.rsplit("/", 1)[-1]
+            print(f"  {r['name']:22s} {r['version']:12s} {r['build']:30s} {where}")
+        banner(f"forward/backward ({flavour}): {prefix.name}/bin/python -c <{request} smoke test>")
+        print(proc.stdout, end="")
+        if proc.returncode != 0:
+            print(proc.stderr)
+            failed.append(flavour)
     banner("timings")
     for name, secs in timings:
         print(f"  {secs:7.1f} s  {name}")
     print(f"  {time.perf_counter() - t_start:7.1f} s  total")
+    if failed:
+        raise SystemExit(f"the forward/backward run failed in: {', '.join(failed)}")
     return 0
 
 

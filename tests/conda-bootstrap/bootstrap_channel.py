@@ -18,7 +18,7 @@ module makes instead, from what the machine already has:
   ``cuda-nvcc_linux-64`` for a CUDA toolkit found on disk) whose activation
   scripts point ``CC``/``CXX``/``CUDA_HOME`` at the system's tools.
 
-Every package here has ``bootstrap`` in its build string.
+Every package here has ``bootstrap<fingerprint>`` in its build string.
 """
 
 from __future__ import annotations
@@ -154,16 +154,28 @@ def _read_wheel(path: Path) -> WheelInfo:
                      meta.get_all("Requires-Dist") or [], eps)
 
 
-def _runtime_deps(info: WheelInfo) -> list[str]:
+def _marker_ok(req: Requirement, extra: str = "") -> bool:
     env = default_environment()
-    env["extra"] = ""
-    deps = []
+    env["extra"] = extra
+    return req.marker is None or req.marker.evaluate(env)
+
+
+def _runtime_deps(info: WheelInfo, wheels: dict[str, WheelInfo], skip: set[str]) -> list[str]:
+    """Conda names of what the wheel needs on this machine: its unconditional
+    requirements, plus what each ``dep[extra]`` brings (``cuda-toolkit[cublas]``)."""
+    deps = set()
     for r in info.requires:
         req = Requirement(r)
-        if req.marker is not None and not req.marker.evaluate(env):
+        if not _marker_ok(req):
             continue
-        deps.append(conda_name(req.name))
-    return sorted(set(deps))
+        deps.add(conda_name(req.name))
+        target = wheels.get(conda_name(req.name))
+        for extra in req.extras:
+            for r2 in (target.requires if target else []):
+                req2 = Requirement(r2)
+                if req2.marker is not None and _marker_ok(req2, extra) and not _marker_ok(req2):
+                    deps.add(conda_name(req2.name))
+    return sorted(deps - skip)
 
 
 def _extract(zpath: Path, dest: Path) -> None:
@@ -182,8 +194,8 @@ def _extract(zpath: Path, dest: Path) -> None:
                 target.chmod(target.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
 
 
-def wheel_package(info: WheelInfo, out: Path, work: Path, build: str | None = None,
-                  extra_depends: tuple[str, ...] = ()) -> Path:
+def wheel_package(info: WheelInfo, out: Path, work: Path, wheels: dict[str, WheelInfo], skip: set[str],
+                  build: str | None = None, activate: str | None = None) -> Path:
     """A wheel unpacked into ``lib/pythonX.Y/site-packages`` as a linux-64 conda package."""
     name = conda_name(info.name)
     stage = work / name
@@ -201,6 +213,14 @@ def wheel_package(info: WheelInfo, out: Path, work: Path, build: str | None = No
     for di in sp.glob("*.dist-info"):
         (di / "INSTALLER").write_text("conda\n")
         (di / "RECORD").unlink(missing_ok=True)
+        # A dependency left out of the channel (triton) leaves the metadata too,
+        # or `pip check` in the recipe tests fails on it.
+        meta = di / "METADATA"
+        lines = meta.read_text().splitlines(keepends=True)
+        kept = [ln for ln in lines if not (ln.startswith("Requires-Dist:") and
+                                           conda_name(Requirement(ln.split(":", 1)[1].strip()).name) in skip)]
+        if kept != lines:
+            meta.write_text("".join(kept))
     for script, target in info.entry_points.items():
         mod, _, func = target.partition(":")
         bindir = stage / "bin"
@@ -214,24 +234,33 @@ def wheel_package(info: WheelInfo, out: Path, work: Path, build: str | None = No
             f"sys.exit({func}())\n"
         )
         path.chmod(0o755)
-    depends = [f"python {py_ver()}.*"] + [d for d in _runtime_deps(info) if d != name] + list(extra_depends)
+    if activate:
+        act = stage / "etc" / "conda" / "activate.d"
+        act.mkdir(parents=True)
+        (act / f"{name}_activate.sh").write_text(activate)
+    depends = [f"python {py_ver()}.*"] + [d for d in _runtime_deps(info, wheels, skip) if d != name]
     build = build or f"{py_tag()}_{BOOT}_0"
-    # Big wheels (torch) at the fastest level; they are never downloaded.
-    return _assemble(name, info.version, build, stage, out, depends, f"{info.name} {info.version} wheel from PyPI")
+    # Fast compression: these packages never leave this machine.
+    return _assemble(name, info.version, build, stage, out, depends, f"{info.name} {info.version} wheel from PyPI",
+                     level=0 if info.path.stat().st_size > 100 << 20 else 1)
 
 
 def download_wheels(requirements: list[str], dest: Path, extra_args: tuple[str, ...] = ()) -> list[Path]:
+    """``pip download`` (pip's own configuration: indexes, mirrors, constraints);
+    return the wheels of this resolution only, not older files in ``dest``."""
     dest.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:", "--dest", str(dest),
-           *extra_args, *requirements]
+    args = ["download", "--only-binary=:all:", "--dest", str(dest), *extra_args, *requirements]
     pip = shutil.which("pip")
-    try:
-        subprocess.run(cmd, check=True)
-    except (subprocess.CalledProcessError, FileNotFoundError):
-        if pip is None:
-            raise
-        subprocess.run([pip, *cmd[3:]], check=True)
-    return sorted(dest.glob("*.whl"))
+    cmds = [[sys.executable, "-m", "pip", *args]] + ([[pip, *args]] if pip else [])
+    for i, cmd in enumerate(cmds):
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode == 0:
+            break
+        if i == len(cmds) - 1:
+            print(proc.stdout[-5000:], proc.stderr[-5000:])
+            raise SystemExit(f"pip download failed: {' '.join(requirements)}")
+    found = re.findall(r"(?:Saved|File was already downloaded) (\S+\.whl)", proc.stdout)
+    return sorted({Path(f).resolve() for f in found})
 
 
 # --------------------------------------------------------------------------- shims
@@ -246,8 +275,13 @@ def _shim(name: str, version: str, out: Path, work: Path, tools: dict[str, str],
         p.chmod(0o755)
     act = stage / "etc" / "conda" / "activate.d"
     act.mkdir(parents=True)
-    (act / f"{name}_activate.sh").write_text(activate)
+    (act / f"{name}_activate.sh").write_text(_PREFIX_SH + activate)
     return _assemble(name, version, f"{BOOT}_shim_0", stage, out, depends or [], summary)
+
+
+# The environment this activation script belongs to (build or host prefix).
+_PREFIX_SH = '_p="$(cd "$(dirname "${BASH_SOURCE[0]:-$0}")/../../.." && pwd)"\n'
+
 
 
 def _tool_version(tool: str) -> str:
@@ -263,9 +297,9 @@ def compiler_shims(out: Path, work: Path) -> dict[str, str]:
     ver = _tool_version(gxx)
     triple = "x86_64-conda-linux-gnu"
     _shim("gcc_linux-64", ver, out, work, {f"{triple}-gcc": gcc, f"{triple}-cc": gcc},
-          f'export CC="$CONDA_PREFIX/bin/{triple}-gcc"\nexport GCC="$CC"\n', summary=f"shim to {gcc}")
+          f'export CC="$_p/bin/{triple}-gcc"\nexport GCC="$CC"\n', summary=f"shim to {gcc}")
     _shim("gxx_linux-64", ver, out, work, {f"{triple}-g++": gxx, f"{triple}-c++": gxx},
-          f'export CXX="$CONDA_PREFIX/bin/{triple}-c++"\nexport GXX="$CXX"\n',
+          f'export CXX="$_p/bin/{triple}-c++"\nexport GXX="$CXX"\n',
           depends=[f"gcc_linux-64 {ver}"], summary=f"shim to {gxx}")
     libc = os.confstr("CS_GNU_LIBC_VERSION").split()[-1]  # e.g. "2.36"
     _shim("sysroot_linux-64", libc, out, work, {}, "", summary="the system's glibc")
@@ -273,18 +307,43 @@ def compiler_shims(out: Path, work: Path) -> dict[str, str]:
             "c_stdlib_version": libc}
 
 
-def cuda_shims(out: Path, work: Path, cuda_home: Path, cuda_version: str) -> None:
-    """cuda-nvcc_linux-64 and cuda-version for a CUDA toolkit on disk (e.g. PyPI's nvidia-cuda-nvcc)."""
-    nvcc = cuda_home / "bin" / "nvcc"
-    _shim("cuda-nvcc_linux-64", cuda_version, out, work, {},
-          f'export CUDA_HOME="{cuda_home}"\nexport CUDA_PATH="{cuda_home}"\n'
-          f'export PATH="{cuda_home}/bin:$PATH"\n',
-          depends=[f"cuda-version {'.'.join(cuda_version.split('.')[:2])}.*"], summary=f"shim to {nvcc}")
-    major_minor = ".".join(cuda_version.split(".")[:2])
-    stage = work / "cuda-version"
-    stage.mkdir()
-    (stage / "README.bootstrap").write_text("cuda-version metapackage (fixture)\n")
-    _assemble("cuda-version", major_minor, f"{BOOT}_0", stage, out, [], "CUDA version metapackage")
+def cuda_shims(out: Path, work: Path, toolkit: dict, wheels_dir: Path) -> None:
+    """cuda-nvcc_linux-64 holding a whole CUDA toolkit unpacked from matrix.toml's
+    pinned PyPI wheels (nvcc, crt, nvvm, cccl, runtime) as one CUDA_HOME, plus
+    cuda-version and an empty cuda-cudart-dev (the headers and libcudart are in
+    that CUDA_HOME)."""
+    version = toolkit["version"]
+    wheels = download_wheels(toolkit["requirements"], wheels_dir, ("--no-deps",))
+    stage = work / "cuda-nvcc"
+    home_rel = f"cuda-bootstrap-{version}"
+    home = stage / home_rel
+    tmp = work / "cuda-wheels"
+    for whl in wheels:
+        _extract(whl, tmp)
+    src = tmp / toolkit["home"]
+    if not (src / "bin" / "nvcc").exists():
+        raise SystemExit(f"no bin/nvcc under {toolkit['home']} in {', '.join(w.name for w in wheels)}")
+    shutil.move(str(src), str(home))
+    lib = home / "lib"
+    sonames = sorted(lib.glob("libcudart.so.*"), key=lambda p: len(p.name))
+    if sonames and not (lib / "libcudart.so").exists():
+        os.symlink(sonames[0].name, lib / "libcudart.so")  # the linker wants the bare name
+    nvcc_ver = re.search(r"release ([\d.]+), V([\d.]+)", subprocess.run(
+        [str(home / "bin" / "nvcc"), "--version"], capture_output=True, text=True).stdout)
+    full = nvcc_ver.group(2) if nvcc_ver else version
+    act = stage / "etc" / "conda" / "activate.d"
+    act.mkdir(parents=True)
+    (act / "cuda-nvcc_activate.sh").write_text(
+        _PREFIX_SH + f'export CUDA_HOME="$_p/{home_rel}"\nexport CUDA_PATH="$CUDA_HOME"\n'
+        'export PATH="$CUDA_HOME/bin:$PATH"\n')
+    _assemble("cuda-nvcc_linux-64", full, f"{BOOT}_0", stage, out, [f"cuda-version {version}.*"],
+              f"CUDA {full} toolkit from PyPI wheels", level=1)
+    for name, ver in (("cuda-version", version), ("cuda-cudart-dev", full)):
+        st = work / name
+        st.mkdir()
+        (st / f"{name}.bootstrap").write_text("fixture\n")
+        _assemble(name, ver, f"{BOOT}_0", st, out, [f"cuda-version {version}.*"] if name != "cuda-version" else [],
+                  f"{name} (empty fixture)")
 
 
 # --------------------------------------------------------------------------- channel
@@ -296,9 +355,8 @@ def fingerprint(parts: list[str]) -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
-def build_channel(channel: Path, torch_spec: str, *, cuda_home: Path | None = None,
-                  cuda_version: str | None = None, wheel_cache: Path | None = None,
-                  force: bool = False) -> dict[str, str]:
+def build_channel(channel: Path, torch_spec: str, *, toolkit: dict | None = None, arch_list: str | None = None,
+                  wheel_cache: Path | None = None, force: bool = False) -> dict[str, str]:
     """Make (or reuse) the bootstrap channel; return the variant values it satisfies.
 
     ``torch_spec``: the pip requirement for torch, e.g. ``torch==2.13.0``. Its
@@ -306,8 +364,12 @@ def build_channel(channel: Path, torch_spec: str, *, cuda_home: Path | None = No
     ``pytorch <ver> cuda<XY>_...``.
     """
     key_parts = [Path(__file__).read_text(), torch_spec, sys.version, sys.base_prefix,
-                 str(cuda_home), str(cuda_version), *DEFAULT_WHEELS]
+                 json.dumps(toolkit, sort_keys=True), str(arch_list), *DEFAULT_WHEELS]
     key = fingerprint(key_parts)
+    # The fingerprint goes into every build string: package caches key on
+    # name-version-build, so a changed fixture never meets a stale cached copy.
+    global BOOT
+    BOOT = f"bootstrap{key[:6]}"
     stamp = channel / "bootstrap.json"
     if not force and stamp.exists():
         data = json.loads(stamp.read_text())
@@ -333,8 +395,12 @@ def build_channel(channel: Path, torch_spec: str, *, cuda_home: Path | None = No
         for info in infos:
             latest[conda_name(info.name)] = info
         torch_cuda = None
+        skip = {"triton"}
         for name, info in sorted(latest.items()):
-            build = None
+            if name in skip:
+                log(f"leaving out {info.path.name}")
+                continue
+            build = activate = None
             if name == "pytorch":
                 with zipfile.ZipFile(info.path) as z:
                     vtxt = z.read("torch/version.py").decode()
@@ -342,13 +408,15 @@ def build_channel(channel: Path, torch_spec: str, *, cuda_home: Path | None = No
                 torch_cuda = m.group(1) if m else None
                 proc = f"cuda{torch_cuda.replace('.', '')[:3]}" if torch_cuda else "cpu"
                 build = f"{proc}_{BOOT}_{py_tag()}_0"
+                if torch_cuda and arch_list:
+                    activate = f'export CF_TORCH_CUDA_ARCH_LIST="{arch_list}"\n'
             log(f"repackaging {info.path.name} as {name}" + (f" ({build})" if build else ""))
-            wheel_package(info, channel, work / "w", build=build)
+            wheel_package(info, channel, work / "w", latest, skip, build=build, activate=activate)
         missing = wanted - set(latest)
         if missing:
             raise SystemExit(f"pip did not download: {sorted(missing)}")
-        if cuda_home is not None:
-            cuda_shims(channel, work, cuda_home, cuda_version or "0")
+        if toolkit is not None:
+            cuda_shims(channel, work, toolkit, wheels_dir / "toolkit")
     variants.update({
         "python": f"{py_ver()}.* *_cpython",
         "pytorch": ".".join(latest["pytorch"].version.split(".")[:2]),
