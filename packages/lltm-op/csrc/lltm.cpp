@@ -214,9 +214,7 @@ std::tuple<Tensor, Tensor, Tensor> cell_backward_cpu(std::optional<Tensor> grad_
                                                      Tensor gates, Tensor bias,
                                                      Tensor old_cell) {
   int64_t B = 0, S = 0;
-  check_cell_args(kCellBackward, gates, bias, old_cell, B, S);
-  if (grad_h) check_grad_arg(kCellBackward, "grad_h", *grad_h, gates, B, S);
-  if (grad_cell) check_grad_arg(kCellBackward, "grad_cell", *grad_cell, gates, B, S);
+  check_backward_args(grad_h, grad_cell, gates, bias, old_cell, B, S);
   Tensor d_gates = torch::stable::new_empty(gates, {B, 3 * S});
   Tensor d_bias = torch::stable::new_empty(gates, {3 * S});
   Tensor d_old_c = torch::stable::new_empty(gates, {B, S});

@@ -16,6 +16,8 @@
 // the same pass, so dG is not read again) and d_old_cell.
 #pragma once
 
+#include <optional>
+
 #include <cmath>
 #include <cstdint>
 
@@ -164,6 +166,17 @@ inline void check_grad_arg(const char* op, const char* arg, const torch::stable:
   opscommon::check_shape(op, arg, g, {batch, state});
   opscommon::check_same_dtype(op, "gates", gates, arg, g);
   opscommon::check_same_device(op, "gates", gates, arg, g);
+}
+
+// The arguments of cell_backward; sets B (batch) and S (state size).
+inline void check_backward_args(const std::optional<torch::stable::Tensor>& grad_h,
+                                const std::optional<torch::stable::Tensor>& grad_cell,
+                                const torch::stable::Tensor& gates,
+                                const torch::stable::Tensor& bias,
+                                const torch::stable::Tensor& old_cell, int64_t& B, int64_t& S) {
+  check_cell_args(kCellBackward, gates, bias, old_cell, B, S);
+  if (grad_h) check_grad_arg(kCellBackward, "grad_h", *grad_h, gates, B, S);
+  if (grad_cell) check_grad_arg(kCellBackward, "grad_cell", *grad_cell, gates, B, S);
 }
 
 }  // namespace lltm_op
