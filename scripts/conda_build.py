@@ -263,10 +263,11 @@ def build_package(pkg: str, variant_file: Path, out: Path, channels: list[str], 
         except Exception as exc:
             print("\n".join(tail.lines)[-30000:])
             print(f"{type(exc).__name__}: {str(exc)[-5000:]}")
-            raise SystemExit(f"building {pkg} failed")
-        finally:  # rattler-build's work folders: dist/conda stays a plain channel
-            for scratch in ("bld", "test", "src_cache", ".tmp"):
-                shutil.rmtree(out / scratch, ignore_errors=True)
+            shutil.rmtree(out / "test", ignore_errors=True)  # test environments: GBs with a CUDA torch
+            raise SystemExit(f"building {pkg} failed (its work folder stays under {out / 'bld'})")
+        # rattler-build's work folders: dist/conda stays a plain channel
+        for scratch in ("bld", "test", "src_cache", ".tmp"):
+            shutil.rmtree(out / scratch, ignore_errors=True)
         logtext = "\n".join(res.log)
         summary = [line for line in logtext.splitlines()
                    if " passed" in line or " failed" in line or "tests passed" in line or "Artifact:" in line]
