@@ -436,6 +436,8 @@ def main(argv: list[str] | None = None) -> int:
     # 3. fresh environment(s) with only the requested package
     index(out)
     envs = []
+    for stale in WORK.glob("env-*"):  # environments of earlier runs
+        shutil.rmtree(stale, ignore_errors=True)
     for cuda, _, bdir in flavours:
         flavour = f"cuda{cuda.replace('.', '')}" if cuda else "cpu"
         banner(f"3. fresh environment ({flavour}): only '{request}' from dist/conda "
