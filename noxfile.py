@@ -616,6 +616,24 @@ def matrix_wheels(session: nox.Session, variant: str) -> None:
     results.finish()
 
 
+def pick_toolkit(cuda: str) -> tuple[str | None, str]:
+    """The toolkit of matrix.toml to build for a torch of CUDA `cuda`: one of
+    the same major, the PyPI one first, then the exact version, then any
+    other that this machine has. (None, why) when there is none."""
+    major = cuda.split(".")[0]
+    same = [v for v in TOOLKITS if v.split(".")[0] == major]
+    same.sort(key=lambda v: (TOOLKITS[v]["source"] != "pypi", v != cuda))
+    for version in same:
+        if TOOLKITS[version]["source"] == "pypi":
+            return version, ""
+        if find_system_toolkit(version)[0] is not None:
+            return version, ""
+    if not same:
+        return None, f"no CUDA {major} toolkit in matrix.toml"
+    return None, f"no CUDA {' or '.join(same)} toolkit on this machine; PyPI has no CUDA {major} nvcc: " \
+                 f"on a machine that has one, set CUDA_HOME to it"
+
+
 def _matrix_wheel(variant: str, package: str) -> Path | None:
     found = sorted((MATRIX_WHEELS / variant).glob(f"{import_name(package)}-*.whl"))
     return found[-1] if found else None
@@ -637,8 +655,7 @@ def matrix(session: nox.Session, torch: str) -> None:
     packages = op_packages()
     t = TORCH[torch]
     major = t["cuda"].split(".")[0]
-    toolkit = next((v for v, tk in TOOLKITS.items() if v.split(".")[0] == major and tk["source"] == "pypi"), None) \
-        or next((v for v in TOOLKITS if v.split(".")[0] == major), None)
+    toolkit, toolkit_reason = pick_toolkit(t["cuda"])
     version, cuda = install_env(session, torch, *(toolkit_requirements(toolkit) if toolkit else []))
     label = f"torch {version} ({'CUDA ' + cuda if cuda else 'CPU build'})"
     results = Results(session, "matrix", row=torch, label=label)
@@ -682,12 +699,11 @@ def matrix(session: nox.Session, torch: str) -> None:
             results.add(package, check, "skip", "CPU torch", f"{label} has no CUDA")
     else:
         if cuda.split(".")[0] != major:
-            toolkit = None
-        home, reason = toolkit_home(session, toolkit) if toolkit else (
-            None, f"no CUDA {cuda.split('.')[0]} toolkit in matrix.toml for {label}")
+            toolkit, toolkit_reason = None, f"no CUDA {cuda.split('.')[0]} toolkit in matrix.toml for {label}"
+        home, reason = toolkit_home(session, toolkit) if toolkit else (None, toolkit_reason)
         if home is None:
             for package in packages:
-                results.add(package, check, "skip", f"no CUDA {toolkit or major} toolkit", reason)
+                results.add(package, check, "skip", "no toolkit", reason)
         else:
             env = {"CUDA_HOME": str(home), "TORCH_CUDA_ARCH_LIST": ARCH_LIST}
             built = build_and_install(session, packages, results, _tmp(session, "source-cuda-wheels"),
