@@ -4,7 +4,9 @@
 
 For float32 and bfloat16, at two sizes (batch, input features, state size):
 
-* tutorial (16, 32, 128): wall time per call, synchronized (launch-bound);
+* tutorial (16, 32, 128): wall time per call, synchronized (launch-bound),
+  the variants timed in alternating rounds so that drift of the host's
+  speed falls on all of them alike;
 * large (4096, 1024, 2048): device time (CUDA events), plus the matrix
   products alone (the forward X @ W^T + b and the two backward products
   dG @ W and dG^T @ X, nothing else) and lltm_op's ratio to them.
@@ -34,7 +36,8 @@ import torch
 import lltm_op
 from lltm_op import lltm, lltm_reference
 from lltm_op._runtime import BUILD_INFO
-from opscommon.bench import Row, device_time_us, format_table, wall_time_us, write_results
+from opscommon.bench import (Row, device_time_us, format_table, interleaved_wall_times_us,
+                             wall_time_us, write_results)
 
 SIZES = {"tutorial": (16, 32, 128), "large": (4096, 1024, 2048)}
 QUICK_SIZES = {"tutorial": (4, 8, 16), "large": (64, 32, 64)}
@@ -118,19 +121,22 @@ def main() -> None:
             variants = {PURE: lltm_reference, OURS: lltm}
             if not args.no_compile:
                 variants[COMPILED] = torch.compile(lltm_reference, fullgraph=True, dynamic=False)
-            for variant, fn in variants.items():
-
-                def fwd(fn=fn):
-                    return fn(*inputs)
-
-                def fwd_bwd(fn=fn):
-                    return torch.autograd.grad(fn(*inputs), inputs, grads)
-
+            fwd = {v: (lambda fn=fn: fn(*inputs)) for v, fn in variants.items()}
+            fwd_bwd = {v: (lambda fn=fn: torch.autograd.grad(fn(*inputs), inputs, grads))
+                       for v, fn in variants.items()}
+            if size_name == "tutorial":
+                # launch-bound: the variants alternate, so host drift hits all alike
+                fwd_us = interleaved_wall_times_us(fwd, **kw)
+                fwd_bwd_us = interleaved_wall_times_us(fwd_bwd, **kw)
+            else:
+                fwd_us = {v: timer(fn, **kw) for v, fn in fwd.items()}
+                fwd_bwd_us = {v: timer(fn, **kw) for v, fn in fwd_bwd.items()}
+            for variant in variants:
                 common = dict(op="lltm", variant=variant, dtype=dname, size=label, numel=batch * state)
-                rows.append(Row(mode="forward", median_us=timer(fwd, **kw), **common))
-                mib = peak_mib(fwd_bwd, device)
+                rows.append(Row(mode="forward", median_us=fwd_us[variant], **common))
+                mib = peak_mib(fwd_bwd[variant], device)
                 memory.append((label, dname, variant, mib))
-                rows.append(Row(mode="forward+backward", median_us=timer(fwd_bwd, **kw),
+                rows.append(Row(mode="forward+backward", median_us=fwd_bwd_us[variant],
                                 extra={"peak_mib": mib}, **common))
             if size_name == "large":
                 x, w, b, h, c = (t.detach() for t in inputs)

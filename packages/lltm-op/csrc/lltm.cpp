@@ -196,8 +196,8 @@ void backward_rows(int64_t r0, int64_t r1, int64_t S, Mat<T> gh, Mat<T> gc, Mat<
 std::tuple<Tensor, Tensor> cell_forward_cpu(Tensor gates, Tensor bias, Tensor old_cell) {
   int64_t B = 0, S = 0;
   check_cell_args(kCellForward, gates, bias, old_cell, B, S);
-  Tensor new_h = torch::stable::new_empty(gates, {B, S});
-  Tensor new_c = torch::stable::new_empty(gates, {B, S});
+  Tensor new_h = opscommon::empty_contiguous(gates, {B, S});
+  Tensor new_c = opscommon::empty_contiguous(gates, {B, S});
   if (B * S == 0) return {new_h, new_c};
   opscommon::dispatch_floating(gates.scalar_type(), kCellForward, [&](auto tag) {
     using T = decltype(tag);
@@ -215,9 +215,9 @@ std::tuple<Tensor, Tensor, Tensor> cell_backward_cpu(std::optional<Tensor> grad_
                                                      Tensor old_cell) {
   int64_t B = 0, S = 0;
   check_backward_args(grad_h, grad_cell, gates, bias, old_cell, B, S);
-  Tensor d_gates = torch::stable::new_empty(gates, {B, 3 * S});
-  Tensor d_bias = torch::stable::new_empty(gates, {3 * S});
-  Tensor d_old_c = torch::stable::new_empty(gates, {B, S});
+  Tensor d_gates = opscommon::empty_contiguous(gates, {B, 3 * S});
+  Tensor d_bias = opscommon::empty_contiguous(gates, {3 * S});
+  Tensor d_old_c = opscommon::empty_contiguous(gates, {B, S});
   opscommon::dispatch_floating(gates.scalar_type(), kCellBackward, [&](auto tag) {
     using T = decltype(tag);
     using A = opscommon::acc_t<T>;

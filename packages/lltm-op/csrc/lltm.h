@@ -25,6 +25,7 @@
 
 #include "opscommon/checks.h"
 #include "opscommon/dispatch.h"
+#include "opscommon/tensor.h"
 
 #ifdef __CUDACC__
 #define LLTM_HD __host__ __device__ __forceinline__

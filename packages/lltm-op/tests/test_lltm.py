@@ -583,6 +583,27 @@ def test_cuda_grid_stride_covers_large_inputs(dtype):
         assert rel_err(g.cpu(), w) <= limit
 
 
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16], ids=str)
+@pytest.mark.parametrize("state", [1, 5, 128, 130])
+def test_cuda_backward_one_or_many_block_rows(dtype, state):
+    """Small batches run the backward in one block row, which writes d_bias
+    itself; larger ones sum per-block partials in a second kernel. Batches on
+    both sides of that switch, for several block shapes, match the CPU."""
+    if not cuda_usable(BUILD_INFO):
+        pytest.skip("needs a CUDA GPU and a CUDA build")
+    gen = torch.Generator().manual_seed(state)
+    limit = 1e-5 if dtype != torch.float16 else 1e-2
+    for batch in (1, 7, 32, 33, 129, 257, 1025):
+        def r(*shape):
+            return torch.randn(*shape, generator=gen, dtype=torch.float64)
+
+        want_args = (r(batch, state), r(batch, state), r(batch, 3 * state), r(3 * state), r(batch, state))
+        want = cell_backward(*want_args)
+        got = cell_backward(*(t.to("cuda", dtype) for t in want_args))
+        for name, g, w in zip(("d_gates", "d_bias", "d_old_cell"), got, want):
+            assert rel_err(g.cpu().double(), w) <= limit, (batch, name)
+
 def test_cuda_kernels_follow_the_current_stream():
     if not cuda_usable(BUILD_INFO):
         pytest.skip("needs a CUDA GPU and a CUDA build")

@@ -14,7 +14,7 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import torch
 
@@ -88,6 +88,33 @@ def wall_time_us(fn: Callable[[], object], warmup: int = 10, repeat: int = 200,
         times.append((time.perf_counter() - t0) * 1e6)
     return statistics.median(times)
 
+
+
+def interleaved_wall_times_us(fns: Mapping[str, Callable[[], object]], warmup: int = 10,
+                              repeat: int = 200, sync: bool = True) -> dict[str, float]:
+    """Median wall time of one synchronized call of each function, measured
+    in alternating rounds (one call of each per round, the order rotating).
+
+    On a shared or virtual machine the host's speed drifts by tens of percent
+    over seconds; timing the variants one after the other would fold that
+    drift into their ratio, alternating them spreads it over all alike."""
+    def synchronize() -> None:
+        if sync and torch.cuda.is_available():
+            torch.cuda.synchronize()
+
+    names = list(fns)
+    for _ in range(warmup):
+        for name in names:
+            fns[name]()
+    synchronize()
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for i in range(repeat):
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            t0 = time.perf_counter()
+            fns[name]()
+            synchronize()
+            times[name].append((time.perf_counter() - t0) * 1e6)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 def format_table(rows: Sequence[Row], baseline: str | None = None) -> str:
     """A plain-text table; with ``baseline``, each row's speed-up against the
