@@ -46,8 +46,10 @@ def device_time_us(fn: Callable[[], object], warmup: int = 5, repeat: int = 30,
     Each sample times ``inner`` back-to-back calls between two events and
     divides: the time per call in a stream of calls, where the host's launch
     overhead overlaps the previous call's GPU work, as in a real program.
-    ``inner=None`` picks enough calls for a sample of about 200 us (at most
-    50); ``inner=1`` times single calls, launch gaps included.
+    ``inner=None`` picks enough calls for a sample of about 2 ms, at least 3
+    (so that a long call's host work, an autograd backward for one, overlaps
+    the previous call's kernels as in a training loop) and at most 50;
+    ``inner=1`` times single calls, launch gaps included.
     """
     for _ in range(warmup):
         fn()
@@ -66,7 +68,7 @@ def device_time_us(fn: Callable[[], object], warmup: int = 5, repeat: int = 30,
 
     if inner is None:
         single = statistics.median(sample(1) for _ in range(5))
-        inner = max(1, min(50, int(200.0 / max(single, 1e-3)) + 1))
+        inner = max(3, min(50, int(2000.0 / max(single, 1e-3)) + 1))
     return statistics.median(sample(inner) for _ in range(repeat))
 
 
