@@ -584,6 +584,31 @@ def test_cuda_grid_stride_covers_large_inputs(dtype):
 
 
 
+@pytest.mark.parametrize("state, rows_per_block", [(1, 256), (3, 64)])
+def test_cuda_batch_beyond_65535_blocks_per_grid_dimension(state, rows_per_block):
+    """A batch so long that one block per `rows_per_block` rows (the backward's
+    block shape for this state size) would need more than 65535 blocks in
+    grid y, and one thread per element more than 65535 blocks in x: the
+    kernels stride over rows instead, and every row is right."""
+    if not cuda_usable(BUILD_INFO):
+        pytest.skip("needs a CUDA GPU and a CUDA build")
+    batch = 65535 * rows_per_block + 1001
+    assert batch // rows_per_block > 65535 and batch * state // 256 > 65535
+    gen = torch.Generator().manual_seed(state)
+    def r(*shape):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64)
+
+    args = (r(batch, 3 * state), r(3 * state), r(batch, state))
+    grads = (r(batch, state), r(batch, state))
+    want = [*cell_forward(*args), *cell_backward(*grads, *args)]
+    cuda = [t.to("cuda", torch.float32) for t in grads + args]
+    got = [*cell_forward(*cuda[2:]), *cell_backward(*cuda)]
+    for name, g, w in zip(("new_h", "new_cell", "d_gates", "d_bias", "d_old_cell"), got, want):
+        assert rel_err(g.cpu().double(), w) <= 1e-5, name
+        # the last rows, past any 65535-block boundary, are written and right
+        torch.testing.assert_close(g[-1001:].cpu().double(), w[-1001:], rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16], ids=str)
 @pytest.mark.parametrize("state", [1, 5, 128, 130])
 def test_cuda_backward_one_or_many_block_rows(dtype, state):
