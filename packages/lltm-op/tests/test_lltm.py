@@ -592,7 +592,7 @@ def test_cuda_batch_beyond_65535_blocks_per_grid_dimension(state, rows_per_block
     kernels stride over rows instead, and every row is right."""
     if not cuda_usable(BUILD_INFO):
         pytest.skip("needs a CUDA GPU and a CUDA build")
-    batch = 65535 * rows_per_block + 1001
+    batch = 65535 * max(rows_per_block, -(-256 // state)) + 1001
     assert batch // rows_per_block > 65535 and batch * state // 256 > 65535
     gen = torch.Generator().manual_seed(state)
     def r(*shape):
