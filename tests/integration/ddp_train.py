@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import socket
+import sys
 import tempfile
 
 import torch
@@ -81,6 +82,14 @@ def _worker(rank: int, backend: str, port: int, out_dir: str) -> None:
                     "params": {k: v.detach().cpu() for k, v in model.state_dict().items()}},
                    os.path.join(out_dir, "ddp.pt"))
     dist.destroy_process_group()
+    # DDP keeps gloo's worker threads alive past destroy_process_group (torch
+    # behaviour, seen with a plain nn.Linear too), and such a thread taking
+    # the GIL while the interpreter shuts down aborts the process (SIGABRT,
+    # "terminate called without an active exception"; see pytorch PR 179291).
+    # Everything is saved by now: leave without interpreter teardown.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _free_port() -> int:
