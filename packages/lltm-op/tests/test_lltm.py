@@ -59,6 +59,16 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return err / denom if denom else err
 
 
+def random_cell_inputs(batch: int, state: int, gen: torch.Generator):
+    """Float64 CPU inputs of the cell ops, drawn from `gen`: (gates, bias,
+    old_cell) for `cell_forward` and (grad_h, grad_cell) that `cell_backward`
+    takes before them."""
+    def r(*shape):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64)
+
+    return (r(batch, 3 * state), r(3 * state), r(batch, state)), (r(batch, state), r(batch, state))
+
+
 class TestLLTMContract(OpContract):
     op_name = OP
     build_info = BUILD_INFO
@@ -569,14 +579,12 @@ def test_cuda_grid_stride_covers_large_inputs(dtype):
     if not cuda_usable(BUILD_INFO):
         pytest.skip("needs a CUDA GPU and a CUDA build")
     batch, state = 1100, 2048
-    gen = torch.Generator().manual_seed(1)
-    def r(*shape):
-        return torch.randn(*shape, generator=gen, dtype=torch.float64).to("cuda", dtype)
-
-    gates, bias, old_cell, gh, gc = r(batch, 3 * state), r(3 * state), r(batch, state), r(batch, state), r(batch, state)
-    got = [*cell_forward(gates, bias, old_cell), *cell_backward(gh, gc, gates, bias, old_cell)]
-    g, b, c, h_, c_ = (t.cpu().double() for t in (gates, bias, old_cell, gh, gc))
-    want = [*cell_forward(g, b, c), *cell_backward(h_, c_, g, b, c)]
+    args, grads = random_cell_inputs(batch, state, torch.Generator().manual_seed(1))
+    cuda_args, cuda_grads = ([t.to("cuda", dtype) for t in ts] for ts in (args, grads))
+    got = [*cell_forward(*cuda_args), *cell_backward(*cuda_grads, *cuda_args)]
+    # the reference sees the same (rounded) values as the kernels
+    args, grads = ([t.cpu().double() for t in ts] for ts in (cuda_args, cuda_grads))
+    want = [*cell_forward(*args), *cell_backward(*grads, *args)]
     limit = 1e-5 if dtype != torch.bfloat16 else 1e-2
     for g, w in zip(got, want):
         assert torch.isfinite(g).all()
@@ -594,15 +602,10 @@ def test_cuda_batch_beyond_65535_blocks_per_grid_dimension(state, rows_per_block
         pytest.skip("needs a CUDA GPU and a CUDA build")
     batch = 65535 * max(rows_per_block, -(-256 // state)) + 1001
     assert batch // rows_per_block > 65535 and batch * state // 256 > 65535
-    gen = torch.Generator().manual_seed(state)
-    def r(*shape):
-        return torch.randn(*shape, generator=gen, dtype=torch.float64)
-
-    args = (r(batch, 3 * state), r(3 * state), r(batch, state))
-    grads = (r(batch, state), r(batch, state))
+    args, grads = random_cell_inputs(batch, state, torch.Generator().manual_seed(state))
     want = [*cell_forward(*args), *cell_backward(*grads, *args)]
-    cuda = [t.to("cuda", torch.float32) for t in grads + args]
-    got = [*cell_forward(*cuda[2:]), *cell_backward(*cuda)]
+    cuda_args, cuda_grads = ([t.to("cuda", torch.float32) for t in ts] for ts in (args, grads))
+    got = [*cell_forward(*cuda_args), *cell_backward(*cuda_grads, *cuda_args)]
     for name, g, w in zip(("new_h", "new_cell", "d_gates", "d_bias", "d_old_cell"), got, want):
         assert rel_err(g.cpu().double(), w) <= 1e-5, name
         # the last rows, past any 65535-block boundary, are written and right
@@ -620,12 +623,9 @@ def test_cuda_backward_one_or_many_block_rows(dtype, state):
     gen = torch.Generator().manual_seed(state)
     limit = 1e-5 if dtype != torch.float16 else 1e-2
     for batch in (1, 7, 32, 33, 129, 257, 1025):
-        def r(*shape):
-            return torch.randn(*shape, generator=gen, dtype=torch.float64)
-
-        want_args = (r(batch, state), r(batch, state), r(batch, 3 * state), r(3 * state), r(batch, state))
-        want = cell_backward(*want_args)
-        got = cell_backward(*(t.to("cuda", dtype) for t in want_args))
+        args, grads = random_cell_inputs(batch, state, gen)
+        want = cell_backward(*grads, *args)
+        got = cell_backward(*(t.to("cuda", dtype) for t in (*grads, *args)))
         for name, g, w in zip(("d_gates", "d_bias", "d_old_cell"), got, want):
             assert rel_err(g.cpu().double(), w) <= limit, (batch, name)
 
