@@ -1,0 +1,52 @@
+"""Symbol versions an ELF shared object needs (glibc, libstdc++, libgcc).
+
+Reads ``objdump -T``; used by the wheel checks and the conda chain to compare
+a binary against the glibc floor it declares.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+_VERSION_RE = re.compile(r"\b(GLIBC|GLIBCXX|CXXABI|GCC)_(\d+(?:\.\d+)*)\b")
+
+
+def _key(version: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in version.split("."))
+
+
+def required_versions(path: Path) -> dict[str, list[str]]:
+    """{"GLIBC": ["2.2.5", "2.14"], "GLIBCXX": [...], ...} of the undefined
+    (imported) symbols of ``path``, each list sorted."""
+    out = subprocess.run(["objdump", "-T", str(path)], capture_output=True, text=True, check=True).stdout
+    found: dict[str, set[str]] = {}
+    for line in out.splitlines():
+        if "*UND*" not in line:
+            continue
+        for name, ver in _VERSION_RE.findall(line):
+            found.setdefault(name, set()).add(ver)
+    return {name: sorted(vers, key=_key) for name, vers in sorted(found.items())}
+
+
+def highest(path: Path) -> dict[str, str]:
+    """The highest version of each family ``path`` needs: {"GLIBC": "2.17", ...}."""
+    return {name: vers[-1] for name, vers in required_versions(path).items()}
+
+
+def exceeds(path: Path, floor: dict[str, str]) -> list[str]:
+    """Versions ``path`` needs above ``floor`` ({"GLIBC": "2.28", ...}), as
+    "GLIBC_2.32" strings; empty when the binary keeps to the floor."""
+    over = []
+    for name, vers in required_versions(path).items():
+        limit = floor.get(name)
+        if limit is None:
+            continue
+        over += [f"{name}_{v}" for v in vers if _key(v) > _key(limit)]
+    return over
+
+
+# The manylinux_2_28 policy (PEP 600; auditwheel's policy file): glibc 2.28
+# and the libstdc++/libgcc of GCC 8 that RHEL 8 ships.
+MANYLINUX_2_28 = {"GLIBC": "2.28", "GLIBCXX": "3.4.25", "CXXABI": "1.3.11", "GCC": "8.0.0"}
