@@ -139,3 +139,41 @@ def test_runtime_import_checks(info_update, message):
     exec(compile(build.runtime_module_source(info), "_runtime.py", "exec"), namespace)
     with pytest.raises(ImportError, match=message):
         namespace["check_torch"](info)
+
+
+def test_cxx_flags_keep_glibc_2_28():
+    flags = build.compile_flags(cuda=True)
+    compat = build.glibc_compat_dir()
+    assert os.path.isfile(os.path.join(compat, "sys", "single_threaded.h"))
+    assert flags["cxx"][flags["cxx"].index("-isystem") + 1] == compat
+    assert os.path.join(compat, "opscommon_glibc_compat.h") in flags["cxx"]
+    assert flags["nvcc"][flags["nvcc"].index("-isystem") + 1] == compat
+
+
+def test_variant_label_names_the_toolkit():
+    assert build.variant_label(build.Variant(False, "cpu"), None) == ""
+    assert build.variant_label(build.Variant(True, "cuda", "13.0"), (13, 0)) == "cu130"
+    assert build.variant_label(build.Variant(True, "cuda", "12.8"), (12, 4)) == "cu124"
+    with pytest.raises(BuildConfigError):
+        build.variant_label(build.Variant(True, "cuda", "13.0"), None)
+
+
+def test_build_info_carries_the_variant():
+    info = build.build_info("x_op", "1.2.3", build.Variant(True, "cuda", "13.0"), "cu130")
+    assert info["version"] == "1.2.3+cu130" and info["variant"] == "cu130" and info["cuda"] == "13.0"
+    info = build.build_info("x_op", "1.2.3", build.Variant(False, "cpu"))
+    assert info["version"] == "1.2.3" and info["variant"] == "cpu" and info["cuda"] is None
+
+
+def test_vendor_into_copies_helper_and_headers(tmp_path):
+    target = build.vendor_into(tmp_path)
+    assert target == tmp_path / build.VENDOR_DIR / "opscommon"
+    for rel in ("__init__.py", "build.py", "runtime_template.py", "include/opscommon/checks.h",
+                "include/opscommon/glibc_compat/sys/single_threaded.h"):
+        assert (target / rel).is_file(), rel
+    assert not (target / "testing.py").exists()  # the test contract is not a build input
+
+
+def test_default_arch_list_runs_on_t4_to_blackwell():
+    entries = build.validate_arch_list(build.DEFAULT_CUDA_ARCH_LIST)
+    assert entries[0] == "7.5" and "12.0+PTX" in entries

@@ -12,6 +12,14 @@ variant, and returns a stable-ABI, ``py_limited_api`` extension:
 ``TORCH_CUDA_ARCH_LIST`` defaults to :data:`DEFAULT_CUDA_ARCH_LIST` (torch
 would otherwise probe the GPUs, and fail with no GPU); ``MAX_JOBS`` is passed
 to ninja by torch's ``BuildExtension``.
+
+Portability: every C++ file is compiled so that the binary needs no glibc
+symbol newer than 2.28 (the manylinux_2_28 floor): see
+``include/opscommon/glibc_compat``. A CUDA build's version carries the
+toolkit as a local label (``0.1.0+cu130``), so CPU and CUDA wheels never share
+a file name. An op's sdist carries this helper and the headers
+(:func:`setup_kwargs` adds them), so it builds with nothing but public
+packages.
 """
 
 from __future__ import annotations
@@ -28,7 +36,9 @@ from typing import Iterable, Mapping
 from . import TORCH_TARGET_VERSION, get_include
 
 CUDA_ENV = "OPS_CUDA"
-DEFAULT_CUDA_ARCH_LIST = "8.0;9.0;10.0+PTX"
+# T4 (7.5) to consumer Blackwell (12.0), PTX for newer GPUs; matrix.toml's
+# cuda.arch_list is the same (tools/tests/test_single_source.py holds them together).
+DEFAULT_CUDA_ARCH_LIST = "7.5;8.0;9.0;10.0;12.0+PTX"
 # Py_LIMITED_API value and wheel tag: one abi3 wheel for every Python >= 3.10.
 LIMITED_API_HEX = "0x030A0000"
 LIMITED_API_TAG = "cp310"
@@ -181,20 +191,38 @@ def ensure_arch_list(env: dict | None = None) -> str:
     return value
 
 
+def glibc_compat_dir() -> str:
+    """Folder of the glibc 2.28 compatibility headers (see its files)."""
+    return os.path.join(get_include(), "opscommon", "glibc_compat")
+
+
 def compile_flags(cuda: bool) -> dict[str, list[str]]:
-    """Compiler flags for the stable ABI targeting torch 2.10."""
+    """Compiler flags for the stable ABI targeting torch 2.10, glibc 2.28."""
+    compat = glibc_compat_dir()
     common = [
         "-O3",
         f"-DTORCH_TARGET_VERSION={target_version_macro()}",
         f"-DPy_LIMITED_API={LIMITED_API_HEX}",
+        # found before the system's <sys/single_threaded.h> (glibc >= 2.32)
+        "-isystem", compat,
     ]
-    flags = {"cxx": common + ["-std=c++17", "-fvisibility=hidden"]}
+    flags = {"cxx": common + ["-std=c++17", "-fvisibility=hidden",
+                              "-include", os.path.join(compat, "opscommon_glibc_compat.h")]}
     if cuda:
         # USE_CUDA exposes the CUDA part of the C shim (the current stream).
         cuda_defines = ["-DOPS_WITH_CUDA", "-DUSE_CUDA"]
         flags["cxx"] += cuda_defines
         flags["nvcc"] = common + cuda_defines + ["-std=c++17", "--expt-relaxed-constexpr", "-lineinfo"]
     return flags
+
+
+def variant_label(variant: Variant, nvcc_ver: tuple[int, int] | None) -> str:
+    """Local version label of a build: "" for CPU, "cu130" for CUDA 13.0."""
+    if not variant.cuda:
+        return ""
+    if nvcc_ver is None:
+        raise BuildConfigError("a CUDA build needs the nvcc version for its version label")
+    return f"cu{nvcc_ver[0]}{nvcc_ver[1]}"
 
 
 def _sources(root: Path, patterns: Iterable[str]) -> list[str]:
@@ -227,13 +255,14 @@ def extension(package: str, root: str | os.PathLike, variant: Variant | None = N
     return CppExtension(sources=sources, **kwargs)
 
 
-def build_info(package: str, version: str, variant: Variant) -> dict:
+def build_info(package: str, version: str, variant: Variant, label: str = "") -> dict:
     """What the runtime loader checks at import: torch range and CUDA major."""
     import torch
 
     return {
         "package": package,
-        "version": version,
+        "version": version + (f"+{label}" if label else ""),
+        "variant": label or "cpu",
         "torch_built_with": torch.__version__.split("+")[0],
         "torch_min": ".".join(map(str, TORCH_TARGET_VERSION)),
         "cuda": variant.cuda_version if variant.cuda else None,
@@ -250,16 +279,54 @@ def runtime_module_source(info: dict) -> str:
     return header + template.replace(placeholder, f"BUILD_INFO: dict = {info!r}\n")
 
 
+# What an op's sdist carries of opscommon (the build helper and headers; not
+# the test contract or benchmark helpers), in ``VENDOR_DIR/opscommon``.
+VENDOR_DIR = "_opscommon"
+_VENDORED = ("__init__.py", "build.py", "runtime_template.py", "include")
+
+
+def vendor_into(dest: str | os.PathLike) -> Path:
+    """Copy the build helper and headers into ``dest/_opscommon/opscommon``."""
+    src = Path(__file__).parent
+    target = Path(dest) / VENDOR_DIR / "opscommon"
+    shutil.rmtree(target, ignore_errors=True)
+    target.mkdir(parents=True)
+    for name in _VENDORED:
+        if (src / name).is_dir():
+            shutil.copytree(src / name, target / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(src / name, target / name)
+    return target
+
+
+def _sdist_command():
+    from setuptools.command.sdist import sdist
+
+    class VendoringSdist(sdist):
+        """sdist that carries opscommon's build helper and headers, so the
+        sdist builds in isolation from public packages only."""
+
+        def make_release_tree(self, base_dir, files) -> None:
+            super().make_release_tree(base_dir, files)
+            _log(f"vendoring opscommon into {vendor_into(base_dir)}")
+
+    return VendoringSdist
+
+
 def setup_kwargs(package: str, version: str, root: str | os.PathLike) -> dict:
     """Everything an op's ``setup.py`` passes to ``setuptools.setup``.
 
     Builds ``<package>._C`` with ninja and writes ``<package>/_runtime.py``
-    (loader, import-time version checks, argument checks for fake kernels).
+    (loader, import-time version checks, argument checks for fake kernels);
+    a CUDA build's version gets its label (``+cu130``); the sdist carries
+    opscommon's build helper and headers.
     """
     from torch.utils.cpp_extension import BuildExtension
 
     variant = detect_variant()
-    info = build_info(package, version, variant)
+    nvcc = find_nvcc() if variant.cuda else None
+    label = variant_label(variant, nvcc_version(nvcc) if nvcc else None)
+    info = build_info(package, version, variant, label)
 
     class BuildOpExtension(BuildExtension.with_options(use_ninja=True)):
         def run(self) -> None:
@@ -272,8 +339,13 @@ def setup_kwargs(package: str, version: str, root: str | os.PathLike) -> dict:
             dest.write_text(runtime_module_source(info))
             _log(f"{package}: wrote {dest}")
 
+    options: dict = {"bdist_wheel": {"py_limited_api": LIMITED_API_TAG}}
+    if label:
+        # 0.1.0+cu130: the version itself says which variant a wheel is.
+        options["egg_info"] = {"tag_build": f"+{label}"}
+        _log(f"{package}: version {version}+{label}")
     return dict(
         ext_modules=[extension(package, root, variant)],
-        cmdclass={"build_ext": BuildOpExtension},
-        options={"bdist_wheel": {"py_limited_api": LIMITED_API_TAG}},
+        cmdclass={"build_ext": BuildOpExtension, "sdist": _sdist_command()},
+        options=options,
     )
