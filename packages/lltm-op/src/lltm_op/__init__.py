@@ -2,7 +2,9 @@
 CUDA kernels.
 
 ``lltm(input, weights, bias, old_h, old_cell) -> (new_h, new_cell)`` and the
-``LLTM(input_features, state_size)`` module. The matrix product stays in
+``LLTM(input_features, state_size)`` module; over whole sequences,
+``lltm_sequence(input, weights, bias, old_h, old_cell) -> (outputs, (h_n, c_n))``
+and the ``LLTMSequence`` module. The matrix product stays in
 torch; the elementwise work of the cell is one fused op each way, registered
 as ``torch.ops.lltm_op.cell_forward`` and ``torch.ops.lltm_op.cell_backward``.
 """
@@ -12,7 +14,8 @@ from __future__ import annotations
 from ._runtime import BUILD_INFO
 from .ops import LLTM, lltm
 from .reference import lltm_reference
+from .sequence import LLTMSequence, lltm_sequence
 
 __version__: str = BUILD_INFO["version"]
 
-__all__ = ["LLTM", "lltm", "lltm_reference", "__version__"]
+__all__ = ["LLTM", "LLTMSequence", "lltm", "lltm_reference", "lltm_sequence", "__version__"]

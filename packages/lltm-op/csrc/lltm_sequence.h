@@ -1,0 +1,534 @@
+// The LLTM over a whole sequence: what the CPU (lltm_sequence.cpp) and CUDA
+// (lltm_sequence_cuda.cu) kernels share. The argument checks, the tensor
+// plumbing (views, matrix products through torch's dispatcher) and the two
+// drivers, templated on the device's step kernels.
+//
+// Notation: input [T, B, F], weights [3S, S+F] = [W_h | W_x] (columns
+// multiplying [h, x], rows: input gate, output gate, candidate cell),
+// bias [3S], old_h / old_cell [B, S].
+//
+// Forward (the algorithm of fast RNN libraries):
+//   P = X W_x^T for all T steps at once        one matrix product [T*B, 3S]
+//   per step t:  G_t = P_t + h_{t-1} W_h^T + b  the recurrent product (cuBLAS,
+//                                               or fused into the step kernel
+//                                               for small sizes on CUDA)
+//                h_t, c_t = cell(G_t, c_{t-1})  one kernel; G_t is written
+//                                               back over P_t (saved for
+//                                               backward), h_t straight into
+//                                               outputs[t], c_t into cells[t]
+// Backward, steps in reverse, in chunks of K steps (so that dG, the gradient
+// of the pre-activations, is held for K steps, not T):
+//   per step t:  dh_t = grad_outputs[t] + dG_{t+1} W_h  (+ grad_h_n at T-1)
+//                dG_t, dc_{t-1} = cell_backward(dh_t, dc_t, G_t, c_{t-1})
+//   per chunk:   dW_h += dG^T H_prev, dW_x += dG^T X, d_input = dG W_x
+//                (large products over all the chunk's steps at once)
+//   at the end:  d_old_h = dG_0 W_h, d_old_cell = dc_{-1}, d_bias = sum dG
+//
+// Saved for backward: G [T, B, 3S] and the cell states [T, B, S] (both
+// outputs of the forward op), the outputs (the h_t), input, weights, old_h
+// and old_cell: 4S values per step and batch row beyond what the caller
+// holds anyway.
+#pragma once
+
+#include <torch/csrc/inductor/aoti_torch/c/shim.h>
+#include <torch/csrc/stable/c/shim.h>
+#include <torch/csrc/stable/ops.h>
+#include <torch/csrc/stable/stableivalue_conversions.h>
+#include <torch/csrc/stable/tensor.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <optional>
+#include <tuple>
+#include <vector>
+
+#include "lltm.h"
+#include "opscommon/checks.h"
+#include "opscommon/tensor.h"
+
+namespace lltm_op {
+namespace seq {
+
+using torch::stable::Tensor;
+
+constexpr const char* kSeqForward = "lltm_op.sequence_forward";
+constexpr const char* kSeqBackward = "lltm_op.sequence_backward";
+
+// -- checks -------------------------------------------------------------------
+
+struct Dims {
+  int64_t T = 0, B = 0, F = 0, S = 0;
+};
+
+// a * b, or an error naming the op when it would not fit in int64.
+inline int64_t checked_mul(const char* op, int64_t a, int64_t b, const char* what) {
+  int64_t out = 0;
+  OPSCOMMON_CHECK(!__builtin_mul_overflow(a, b, &out), op, ": ", what,
+                  " is too large (its element count overflows int64)");
+  return out;
+}
+
+inline int64_t checked_add(const char* op, int64_t a, int64_t b, const char* what) {
+  int64_t out = 0;
+  OPSCOMMON_CHECK(!__builtin_add_overflow(a, b, &out), op, ": ", what,
+                  " is too large (overflows int64)");
+  return out;
+}
+
+// The element counts of every buffer the ops allocate must fit in int64
+// (a tensor with a zero-size dimension can have others of any size).
+inline void check_sizes_fit(const char* op, const Dims& d) {
+  const int64_t s3 = checked_mul(op, 3, d.S, "the state size");
+  checked_add(op, d.S, d.F, "state size + input features");
+  const int64_t tb = checked_mul(op, d.T, d.B, "the sequence (T * B)");
+  checked_mul(op, tb, s3, "the sequence (T * B * 3S)");
+  checked_mul(op, tb, std::max<int64_t>(d.F, 1), "the input (T * B * F)");
+  checked_mul(op, s3, checked_add(op, d.S, d.F, "S + F"), "the weights (3S * (S + F))");
+}
+
+// input [T, B, F], weights [3S, S+F], bias [3S], old_h [B, S], old_cell
+// [B, S]: one floating dtype, one CPU or CUDA device. The Python fake kernel
+// (sequence.py) raises the same messages in the same order.
+inline Dims check_forward_args(const char* op, const Tensor& input, const Tensor& weights,
+                               const Tensor& bias, const Tensor& old_h,
+                               const Tensor& old_cell) {
+  check_operand(op, "input", input);
+  check_operand(op, "weights", weights);
+  check_operand(op, "bias", bias);
+  check_operand(op, "old_h", old_h);
+  check_operand(op, "old_cell", old_cell);
+  opscommon::check_shape(op, "input", input, {-1, -1, -1});
+  Dims d;
+  d.T = input.size(0);
+  d.B = input.size(1);
+  d.F = input.size(2);
+  opscommon::check_shape(op, "old_h", old_h, {d.B, -1});
+  d.S = old_h.size(1);
+  check_sizes_fit(op, d);
+  opscommon::check_shape(op, "old_cell", old_cell, {d.B, d.S});
+  opscommon::check_shape(op, "weights", weights, {3 * d.S, d.S + d.F});
+  opscommon::check_shape(op, "bias", bias, {3 * d.S});
+  opscommon::check_same_dtype(op, "input", input, "weights", weights);
+  opscommon::check_same_dtype(op, "input", input, "bias", bias);
+  opscommon::check_same_dtype(op, "input", input, "old_h", old_h);
+  opscommon::check_same_dtype(op, "input", input, "old_cell", old_cell);
+  opscommon::check_same_device(op, "input", input, "weights", weights);
+  opscommon::check_same_device(op, "input", input, "bias", bias);
+  opscommon::check_same_device(op, "input", input, "old_h", old_h);
+  opscommon::check_same_device(op, "input", input, "old_cell", old_cell);
+  return d;
+}
+
+inline void check_like(const char* op, const char* arg, const Tensor& t, const Tensor& input,
+                       std::initializer_list<int64_t> shape) {
+  check_operand(op, arg, t);
+  opscommon::check_shape(op, arg, t, shape);
+  opscommon::check_same_dtype(op, "input", input, arg, t);
+  opscommon::check_same_device(op, "input", input, arg, t);
+}
+
+inline Dims check_backward_args(const std::optional<Tensor>& grad_outputs,
+                                const std::optional<Tensor>& grad_h_n,
+                                const std::optional<Tensor>& grad_c_n, const Tensor& input,
+                                const Tensor& weights, const Tensor& old_h,
+                                const Tensor& old_cell, const Tensor& outputs,
+                                const Tensor& gates, const Tensor& cells) {
+  const char* op = kSeqBackward;
+  check_operand(op, "input", input);
+  opscommon::check_shape(op, "input", input, {-1, -1, -1});
+  check_operand(op, "old_h", old_h);
+  opscommon::check_shape(op, "old_h", old_h, {input.size(1), -1});
+  Dims d;
+  d.T = input.size(0);
+  d.B = input.size(1);
+  d.F = input.size(2);
+  d.S = old_h.size(1);
+  check_sizes_fit(op, d);
+  opscommon::check_same_dtype(op, "input", input, "old_h", old_h);
+  opscommon::check_same_device(op, "input", input, "old_h", old_h);
+  check_like(op, "weights", weights, input, {3 * d.S, d.S + d.F});
+  check_like(op, "old_cell", old_cell, input, {d.B, d.S});
+  check_like(op, "outputs", outputs, input, {d.T, d.B, d.S});
+  check_like(op, "gates", gates, input, {d.T, d.B, 3 * d.S});
+  check_like(op, "cells", cells, input, {d.T, d.B, d.S});
+  if (grad_outputs) check_like(op, "grad_outputs", *grad_outputs, input, {d.T, d.B, d.S});
+  if (grad_h_n) check_like(op, "grad_h_n", *grad_h_n, input, {d.B, d.S});
+  if (grad_c_n) check_like(op, "grad_c_n", *grad_c_n, input, {d.B, d.S});
+  return d;
+}
+
+// -- tensors --------------------------------------------------------------------
+
+// A fresh contiguous tensor; an allocation failure (out of memory) is an
+// error naming the op and the buffer, not a bare shim failure.
+inline Tensor alloc(const char* op, const char* what, const Tensor& like,
+                    const std::vector<int64_t>& sizes, std::optional<int32_t> dtype = std::nullopt) {
+  const int64_t ndim = static_cast<int64_t>(sizes.size());
+  std::vector<int64_t> strides(sizes.size());
+  int64_t step = 1;
+  for (int64_t k = ndim - 1; k >= 0; --k) {
+    strides[k] = step;
+    step *= sizes[k] > 1 ? sizes[k] : 1;
+  }
+  int32_t like_dtype = 0, device_type = 0, device_index = 0;
+  OPSCOMMON_SHIM_CHECK(aoti_torch_get_dtype(like.get(), &like_dtype));
+  OPSCOMMON_SHIM_CHECK(aoti_torch_get_device_type(like.get(), &device_type));
+  OPSCOMMON_SHIM_CHECK(aoti_torch_get_device_index(like.get(), &device_index));
+  AtenTensorHandle handle = nullptr;
+  const auto err = aoti_torch_empty_strided(ndim, sizes.data(), strides.data(),
+                                            dtype.value_or(like_dtype), device_type, device_index,
+                                            &handle);
+  if (err != AOTI_TORCH_SUCCESS) {
+    std::string shape = "[";
+    for (size_t k = 0; k < sizes.size(); ++k) shape += (k ? ", " : "") + std::to_string(sizes[k]);
+    OPSCOMMON_CHECK(false, op, ": could not allocate ", what, " ", shape, " on ",
+                    opscommon::device_str(like), " (out of memory?)");
+  }
+  return Tensor(handle);
+}
+
+// A view of base's storage (no dispatcher call): sizes and strides in
+// elements, offset in elements from base's own first element.
+inline Tensor view_of(const Tensor& base, std::vector<int64_t> sizes, std::vector<int64_t> strides,
+                      int64_t offset = 0) {
+  AtenTensorHandle handle = nullptr;
+  OPSCOMMON_SHIM_CHECK(aoti_torch__reinterpret_tensor(
+      base.get(), static_cast<int64_t>(sizes.size()), sizes.data(), strides.data(),
+      base.storage_offset() + offset, &handle));
+  return Tensor(handle);
+}
+
+// out = a @ b through torch's dispatcher (cuBLAS on CUDA, torch's BLAS on the
+// CPU; any strides). out must have the right shape already.
+inline void mm_out(const char* op, Tensor& out, const Tensor& a, const Tensor& b) {
+  std::array<StableIValue, 3> stack{torch::stable::detail::from(a), torch::stable::detail::from(b),
+                                    torch::stable::detail::from(out)};
+  const auto err = torch_call_dispatcher("aten::mm", "out", stack.data(), TORCH_ABI_VERSION);
+  OPSCOMMON_CHECK(err == AOTI_TORCH_SUCCESS, op, ": the matrix product ", opscommon::shape_str(a),
+                  " @ ", opscommon::shape_str(b), " (aten::mm) failed on ",
+                  opscommon::device_str(a), " (out of memory?)");
+  // The returned `out` is a new handle to the same tensor: release it.
+  (void)torch::stable::detail::to<Tensor>(stack[0]);
+}
+
+// A contiguous tensor equal to t (t itself when it already is one).
+inline Tensor dense(const Tensor& t) { return opscommon::contiguous_of(t); }
+
+// The environment variable `name` as an integer, or `fallback`.
+inline int64_t env_int(const char* name, int64_t fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  char* end = nullptr;
+  const long long x = std::strtoll(v, &end, 10);
+  return (end != v) ? static_cast<int64_t>(x) : fallback;
+}
+
+// How many chunks the backward splits the steps into: its dG buffer holds
+// ceil(T / chunks) steps. LLTM_OP_SEQUENCE_CHUNKS overrides (tests, tuning).
+inline int64_t backward_chunks(const Dims& d) {
+  int64_t chunks = env_int("LLTM_OP_SEQUENCE_CHUNKS", 4);
+  return std::max<int64_t>(1, std::min<int64_t>(chunks, d.T));
+}
+
+// -- what the device provides ----------------------------------------------------
+
+// One forward step. gates: [B, 3S] holding P_t (x_t W_x^T) on entry and the
+// full pre-activation G_t on return. rec: [B, 3S] = h_prev W_h^T, or null
+// when the device computes it itself from h_prev and w_hT ([S, 3S],
+// contiguous). h_n / c_n: null, or where the last step also writes h and c.
+struct ForwardStep {
+  int64_t B, S;
+  void* gates;
+  const void* rec;
+  const void* bias;
+  const void* h_prev;
+  const void* w_hT;
+  const void* c_prev;
+  void* h;
+  void* c;
+  void* h_n;
+  void* c_n;
+};
+
+// One backward step. dh = grad_out + rec (+ extra); any of the three may be
+// null (zero). rec: [B, S] = dG_{t+1} W_h, or null when the device computes
+// it from dG_next ([B, 3S]) and w_h ([3S, S] rows of stride ld). dc_in:
+// gradient of c_t (null: zero); dc_out: gradient of c_{t-1} (may equal
+// dc_in: each element is read before it is written, by the same thread).
+// d_gates: [B, 3S]. bias_partial: where the device adds the bias gradient
+// (its own layout; see the device files).
+struct BackwardStep {
+  int64_t B, S;
+  const void* grad_out;
+  const void* rec;
+  const void* extra;
+  const void* dG_next;
+  const void* w_h;
+  int64_t w_ld;
+  const void* dc_in;
+  const void* gates;
+  const void* c_prev;
+  void* d_gates;
+  void* dc_out;
+  void* bias_partial;
+};
+
+// -- the drivers ------------------------------------------------------------------
+//
+// Dev provides:
+//   static bool fused(const Tensor& like, const Dims&): whether the step
+//       kernels compute the recurrent product themselves;
+//   static void forward_step(const Tensor& like, const ForwardStep&);
+//   static void backward_step(const Tensor& like, const BackwardStep&, bool fused);
+//   static Tensor bias_partial(const Tensor& like, const Dims&, bool fused):
+//       zeroed accumulator the backward steps add into;
+//   static void bias_chunk(const Tensor& like, Tensor& partial, const Tensor& d_gates_2d):
+//       called once per chunk with its [rows, 3S] dG (devices whose steps do
+//       not accumulate the bias gradient themselves sum it here);
+//   static void bias_finish(const Tensor& partial, Tensor& d_bias);
+//   static void add_into(Tensor& dst_view, const Tensor& src): dst += src, 2-D.
+
+struct ForwardResult {
+  Tensor outputs, h_n, c_n, gates, cells;
+};
+
+template <class Dev>
+ForwardResult sequence_forward(const Tensor& input_arg, const Tensor& weights_arg,
+                               const Tensor& bias_arg, const Tensor& old_h_arg,
+                               const Tensor& old_cell_arg) {
+  const char* op = kSeqForward;
+  const Dims d = check_forward_args(op, input_arg, weights_arg, bias_arg, old_h_arg, old_cell_arg);
+  const int64_t T = d.T, B = d.B, F = d.F, S = d.S, S3 = 3 * S, L = S + F;
+  const Tensor& like = input_arg;
+  ForwardResult r{alloc(op, "outputs", like, {T, B, S}), alloc(op, "h_n", like, {B, S}),
+                  alloc(op, "c_n", like, {B, S}), alloc(op, "gates", like, {T, B, S3}),
+                  alloc(op, "cells", like, {T, B, S})};
+  if (B * S == 0) return r;
+  if (T == 0) {
+    torch::stable::copy_(r.h_n, old_h_arg);
+    torch::stable::copy_(r.c_n, old_cell_arg);
+    return r;
+  }
+  const Tensor input = dense(input_arg);
+  const Tensor weights = dense(weights_arg);
+  const Tensor bias = dense(bias_arg);
+  const Tensor old_h = dense(old_h_arg);
+  const Tensor old_cell = dense(old_cell_arg);
+
+  // P = X W_x^T for all steps, straight into the gates buffer.
+  {
+    Tensor g2 = view_of(r.gates, {T * B, S3}, {S3, 1});
+    const Tensor x2 = view_of(input, {T * B, F}, {F, 1});
+    const Tensor w_xT = view_of(weights, {F, S3}, {1, L}, S);
+    mm_out(op, g2, x2, w_xT);
+  }
+  const bool fused = Dev::fused(like, d);
+  const Tensor w_hT_view = view_of(weights, {S, S3}, {1, L});
+  // The fused kernels read W_h^T row by row: a contiguous copy, once.
+  std::optional<Tensor> w_hT;
+  std::optional<Tensor> rec;
+  if (fused) {
+    w_hT = torch::stable::contiguous(w_hT_view);
+  } else {
+    rec = alloc(op, "a step's recurrent product", like, {B, S3});
+  }
+  const int64_t esize = static_cast<int64_t>(like.element_size());
+  char* gates = static_cast<char*>(r.gates.mutable_data_ptr());
+  char* outs = static_cast<char*>(r.outputs.mutable_data_ptr());
+  char* cells = static_cast<char*>(r.cells.mutable_data_ptr());
+  const int64_t step_gates = B * S3 * esize, step_state = B * S * esize;
+  for (int64_t t = 0; t < T; ++t) {
+    ForwardStep s{};
+    s.B = B;
+    s.S = S;
+    s.gates = gates + t * step_gates;
+    s.bias = bias.const_data_ptr();
+    s.h_prev = t ? static_cast<const void*>(outs + (t - 1) * step_state) : old_h.const_data_ptr();
+    s.c_prev = t ? static_cast<const void*>(cells + (t - 1) * step_state)
+                 : old_cell.const_data_ptr();
+    s.h = outs + t * step_state;
+    s.c = cells + t * step_state;
+    s.h_n = t == T - 1 ? r.h_n.mutable_data_ptr() : nullptr;
+    s.c_n = t == T - 1 ? r.c_n.mutable_data_ptr() : nullptr;
+    if (fused) {
+      s.rec = nullptr;
+      s.w_hT = w_hT->const_data_ptr();
+    } else {
+      const Tensor h_prev = t ? view_of(r.outputs, {B, S}, {S, 1}, (t - 1) * B * S) : old_h;
+      mm_out(op, *rec, h_prev, w_hT_view);
+      s.rec = rec->const_data_ptr();
+      s.w_hT = nullptr;
+    }
+    Dev::forward_step(like, s);
+  }
+  return r;
+}
+
+struct BackwardResult {
+  Tensor d_input, d_weights, d_bias, d_old_h, d_old_cell;
+};
+
+// dst (+)= a @ b: the first call writes dst, later ones add through tmp.
+struct GemmAccumulator {
+  const char* op;
+  Tensor dst;
+  std::optional<Tensor> tmp;
+  bool written = false;
+
+  template <class Dev>
+  void add(const Tensor& like, const Tensor& a, const Tensor& b) {
+    if (!written) {
+      mm_out(op, dst, a, b);
+      written = true;
+      return;
+    }
+    if (!tmp) tmp = alloc(op, "a weight-gradient partial", like, {dst.size(0), dst.size(1)});
+    mm_out(op, *tmp, a, b);
+    Dev::add_into(dst, *tmp);
+  }
+};
+
+template <class Dev>
+BackwardResult sequence_backward(const std::optional<Tensor>& grad_outputs_arg,
+                                 const std::optional<Tensor>& grad_h_n_arg,
+                                 const std::optional<Tensor>& grad_c_n_arg,
+                                 const Tensor& input_arg, const Tensor& weights_arg,
+                                 const Tensor& old_h_arg, const Tensor& old_cell_arg,
+                                 const Tensor& outputs_arg, const Tensor& gates_arg,
+                                 const Tensor& cells_arg, bool input_grad) {
+  const char* op = kSeqBackward;
+  const Dims d = check_backward_args(grad_outputs_arg, grad_h_n_arg, grad_c_n_arg, input_arg,
+                                     weights_arg, old_h_arg, old_cell_arg, outputs_arg, gates_arg,
+                                     cells_arg);
+  const int64_t T = d.T, B = d.B, F = d.F, S = d.S, S3 = 3 * S, L = S + F;
+  const Tensor& like = input_arg;
+  BackwardResult r{input_grad ? alloc(op, "d_input", like, {T, B, F}) : alloc(op, "d_input", like, {0}),
+                   alloc(op, "d_weights", like, {S3, L}), alloc(op, "d_bias", like, {S3}),
+                   alloc(op, "d_old_h", like, {B, S}), alloc(op, "d_old_cell", like, {B, S})};
+  if (T == 0 || B * S == 0) {
+    // No step (or nothing in a step): the weights get no gradient, the
+    // initial state gets what came for the final state.
+    torch::stable::zero_(r.d_weights);
+    torch::stable::zero_(r.d_bias);
+    if (input_grad) torch::stable::zero_(r.d_input);
+    if (grad_h_n_arg) {
+      torch::stable::copy_(r.d_old_h, *grad_h_n_arg);
+    } else {
+      torch::stable::zero_(r.d_old_h);
+    }
+    if (grad_c_n_arg) {
+      torch::stable::copy_(r.d_old_cell, *grad_c_n_arg);
+    } else {
+      torch::stable::zero_(r.d_old_cell);
+    }
+    return r;
+  }
+  const Tensor input = dense(input_arg);
+  const Tensor weights = dense(weights_arg);
+  const Tensor old_h = dense(old_h_arg);
+  const Tensor old_cell = dense(old_cell_arg);
+  const Tensor outputs = dense(outputs_arg);
+  const Tensor gates = dense(gates_arg);
+  const Tensor cells = dense(cells_arg);
+  std::optional<Tensor> go, ghn, gcn;
+  if (grad_outputs_arg) go = dense(*grad_outputs_arg);
+  if (grad_h_n_arg) ghn = dense(*grad_h_n_arg);
+  if (grad_c_n_arg) gcn = dense(*grad_c_n_arg);
+
+  const bool fused = Dev::fused(like, d);
+  const int64_t chunks = backward_chunks(d);
+  const int64_t K = (T + chunks - 1) / chunks;
+  // K slots for a chunk's steps and one (slot K) that carries dG of the first
+  // step of the chunk after it (in time), which the chunk's last step needs.
+  Tensor dG = alloc(op, "the pre-activation gradients of a chunk", like, {K + 1, B, S3});
+  Tensor& dc = r.d_old_cell;  // running gradient of the cell state
+  std::optional<Tensor> dh;
+  if (!fused) dh = alloc(op, "a step's recurrent gradient", like, {B, S});
+  Tensor partial = Dev::bias_partial(like, d, fused);
+  const Tensor w_h = view_of(weights, {S3, S}, {L, 1});
+  const Tensor w_x = view_of(weights, {S3, F}, {L, 1}, S);
+
+  GemmAccumulator acc_h{op, view_of(r.d_weights, {S3, S}, {L, 1})};
+  GemmAccumulator acc_x{op, view_of(r.d_weights, {S3, F}, {L, 1}, S)};
+
+  const int64_t esize = static_cast<int64_t>(like.element_size());
+  const int64_t step_gates = B * S3 * esize, step_state = B * S * esize;
+  char* dG_ptr = static_cast<char*>(dG.mutable_data_ptr());
+  const char* gates_ptr = static_cast<const char*>(gates.const_data_ptr());
+  const char* cells_ptr = static_cast<const char*>(cells.const_data_ptr());
+  const char* go_ptr = go ? static_cast<const char*>(go->const_data_ptr()) : nullptr;
+  auto slot = [&](int64_t k) { return dG_ptr + k * step_gates; };
+  auto slot_view = [&](int64_t k, int64_t steps) {
+    return view_of(dG, {steps * B, S3}, {S3, 1}, k * B * S3);
+  };
+
+  for (int64_t c = (T - 1) / K; c >= 0; --c) {
+    const int64_t t0 = c * K, t1 = std::min(T, t0 + K), n = t1 - t0;
+    if (t1 < T) {
+      // dG_{t1}, in slot 0 from the chunk before, moves to the carry slot.
+      Tensor carry = slot_view(K, 1);
+      torch::stable::copy_(carry, slot_view(0, 1));
+    }
+    for (int64_t t = t1 - 1; t >= t0; --t) {
+      BackwardStep s{};
+      s.B = B;
+      s.S = S;
+      s.grad_out = go_ptr ? go_ptr + t * step_state : nullptr;
+      const bool last = t == T - 1;
+      const int64_t next_slot = t + 1 < t1 ? t + 1 - t0 : K;
+      s.extra = last && ghn ? ghn->const_data_ptr() : nullptr;
+      s.dG_next = nullptr;
+      s.rec = nullptr;
+      s.w_h = nullptr;
+      if (!last) {
+        if (fused) {
+          s.dG_next = slot(next_slot);
+          s.w_h = weights.const_data_ptr();
+          s.w_ld = L;
+        } else {
+          mm_out(op, *dh, slot_view(next_slot, 1), w_h);
+          s.rec = dh->const_data_ptr();
+        }
+      }
+      s.dc_in = last ? (gcn ? gcn->const_data_ptr() : nullptr) : dc.const_data_ptr();
+      s.gates = gates_ptr + t * step_gates;
+      s.c_prev = t ? static_cast<const void*>(cells_ptr + (t - 1) * step_state)
+                   : old_cell.const_data_ptr();
+      s.d_gates = slot(t - t0);
+      s.dc_out = dc.mutable_data_ptr();
+      s.bias_partial = partial.mutable_data_ptr();
+      Dev::backward_step(like, s, fused);
+    }
+    // The chunk's weight and input gradients: products over all its steps.
+    const Tensor dG2 = slot_view(0, n);
+    const Tensor dG2T = view_of(dG, {S3, n * B}, {1, S3});
+    Dev::bias_chunk(like, partial, dG2);
+    if (F > 0) {
+      acc_x.add<Dev>(like, dG2T, view_of(input, {n * B, F}, {F, 1}, t0 * B * F));
+      if (input_grad) {
+        Tensor dx = view_of(r.d_input, {n * B, F}, {F, 1}, t0 * B * F);
+        mm_out(op, dx, dG2, w_x);
+      }
+    }
+    if (t0 > 0) {
+      acc_h.add<Dev>(like, dG2T, view_of(outputs, {n * B, S}, {S, 1}, (t0 - 1) * B * S));
+    } else {
+      if (n > 1) {
+        acc_h.add<Dev>(like, view_of(dG, {S3, (n - 1) * B}, {1, S3}, B * S3),
+                       view_of(outputs, {(n - 1) * B, S}, {S, 1}));
+      }
+      acc_h.add<Dev>(like, view_of(dG, {S3, B}, {1, S3}), old_h);
+    }
+  }
+  // d_old_h = dG_0 W_h; dG_0 is in slot 0.
+  mm_out(op, r.d_old_h, slot_view(0, 1), w_h);
+  Dev::bias_finish(partial, r.d_bias);
+  return r;
+}
+
+}  // namespace seq
+}  // namespace lltm_op
