@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import glob
 import os
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 import torch
+import torch.autograd.forward_ad as _forward_ad
 
 BUILD_INFO: dict = {}  # filled in at build time
 
@@ -154,3 +155,80 @@ def check_shape(op: str, arg: str, t: torch.Tensor, expected: Sequence[int]) -> 
     if not ok:
         want = "[" + ", ".join("*" if e < 0 else str(e) for e in expected) + "]"
         _fail(f"{op}: argument '{arg}' must have shape {want}, got {_shape_str(t.shape)}")
+
+
+# -- autograd --------------------------------------------------------------------
+#
+# torch.library.register_autograd gives a custom op reverse mode only: its
+# generated autograd.Function has no jvp (forward AD and torch.func.jvp then
+# drop the tangent silently) and no setup_context (torch.func.grad, vjp and
+# jacrev refuse it). The ops register instead an Autograd kernel of their own
+# that applies an autograd.Function with backward and jvp whenever a
+# derivative may be asked for, and runs the plain kernel otherwise.
+#
+# Under torch.func transforms the dispatcher calls that kernel once per
+# transform level, with that level's tensors, as it calls the derivative
+# formulas of aten ops: the Function is then applied for that level alone
+# (the single-level apply, which records it in the level's autograd graph or
+# runs its jvp on the level's tangents), and its forward, calling the op
+# below autograd, hands the op on to the next level. vmap levels use the
+# op's vmap rule (torch.library.register_vmap).
+
+_grad_enabled = torch.is_grad_enabled
+_any_requires_grad = torch._C._any_requires_grad
+functorch_active = torch._C._are_functorch_transforms_active
+_single_level_allowed = torch._C._functorch.get_single_level_autograd_function_allowed
+_set_single_level_allowed = torch._C._functorch.set_single_level_autograd_function_allowed
+
+
+def forward_ad_active() -> bool:
+    """A ``torch.autograd.forward_ad.dual_level`` is open: inputs may be dual
+    tensors, whose tangents only an autograd.Function's jvp propagates."""
+    return _forward_ad._current_level >= 0
+
+
+def differentiating(*args: Any) -> bool:
+    """Whether a call on ``args`` must go through autograd: grad mode on and
+    an argument that requires grad, a forward-AD level open, or a torch.func
+    transform (grad, vjp, jvp, jacrev, jacfwd, vmap, hessian) active."""
+    return (
+        (_grad_enabled() and _any_requires_grad(*args))
+        or _forward_ad._current_level >= 0
+        or functorch_active()
+    )
+
+
+def register_autograd(qualname: str, function: type) -> None:
+    """Make ``function`` (an autograd.Function taking the op's arguments in
+    schema order, with ``forward`` calling the op below autograd, and
+    ``backward`` and ``jvp``) the autograd of the custom op ``qualname``
+    (``"ns::op"`` or ``"ns::op.overload"``). With nothing to differentiate,
+    the kernel runs below autograd and records nothing."""
+    ns, _, name = qualname.partition("::")
+    opname, _, overload = name.partition(".")
+    op = getattr(getattr(getattr(torch.ops, ns), opname), overload or "default")
+    apply = function.apply
+    # The apply of torch.autograd.Function's base, which torch.func levels
+    # need (Function.apply would start the transforms over, from the top).
+    single_level_apply = super(torch.autograd.Function, function).apply
+    below_autograd = torch._C._AutoDispatchBelowAutograd
+    after_autograd = torch._C._after_autograd_keyset
+
+    def autograd_kernel(keyset, *args):
+        if functorch_active():
+            # As torch.func's own rule for autograd.Functions does when it
+            # applies its generated single-level Function.
+            allowed = _single_level_allowed()
+            _set_single_level_allowed(True)
+            try:
+                return single_level_apply(*args)
+            finally:
+                _set_single_level_allowed(allowed)
+        if (_grad_enabled() and _any_requires_grad(*args)) or _forward_ad._current_level >= 0:
+            return apply(*args)
+        with below_autograd():
+            return op.redispatch(keyset & after_autograd, *args)
+
+    lib = torch.library.Library(ns, "IMPL")
+    lib.impl(name, autograd_kernel, "Autograd", with_keyset=True)
+    _KEEP_ALIVE.append(lib)

@@ -15,18 +15,59 @@ _runtime.load_library(os.path.dirname(os.path.abspath(__file__)))
 _runtime.register_missing_cuda("round_op", ["round_ste"])
 
 
+_round_ste = torch.ops.round_op.round_ste.default
+_below_autograd = torch._C._AutoDispatchBelowAutograd
+_is_compiling = torch.compiler.is_compiling
+_differentiating = _runtime.differentiating
+_functorch_active = _runtime.functorch_active
+
+
 @torch.library.register_fake("round_op::round_ste")
 def _round_ste_fake(x: Tensor) -> Tensor:
     _runtime.check_dtype(OP, "x", x, _runtime.FLOATING_DTYPES)
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
-def _round_ste_backward(ctx, grad: Tensor) -> Tensor:
-    # Straight-through: no kernel, the gradient passes through unchanged.
+# -- autograd: straight through, both ways ---------------------------------------
+# backward: the gradient passes through unchanged (no kernel); jvp: so does
+# the tangent. The second derivative is zero (the backward is the identity,
+# which autograd differentiates by itself when create_graph=True).
+
+
+def _forward(x: Tensor) -> Tensor:
+    with _below_autograd():
+        return _round_ste(x)
+
+
+def _backward(ctx, grad: Tensor) -> Tensor:
     return grad
 
 
-torch.library.register_autograd("round_op::round_ste", _round_ste_backward)
+def _jvp(ctx, tangent: Tensor) -> Tensor:
+    return tangent
+
+
+class _RoundSTEFunction(torch.autograd.Function):
+    """The autograd of round_ste: reverse and forward mode, at any torch.func
+    level (vmap levels use the vmap rule below)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:
+        return _forward(x)
+
+    backward = staticmethod(_backward)
+    jvp = staticmethod(_jvp)
+
+
+_runtime.register_autograd("round_op::round_ste", _RoundSTEFunction)
+
+
+def _round_ste_vmap(info, in_dims, x: Tensor):
+    # Elementwise: the batch dimension stays where it is.
+    return _round_ste(x), in_dims[0]
+
+
+torch.library.register_vmap("round_op::round_ste", _round_ste_vmap)
 
 
 def round_ste(x: Tensor) -> Tensor:
@@ -39,10 +80,23 @@ def round_ste(x: Tensor) -> Tensor:
     Returns:
         A new contiguous tensor of ``x``'s shape and dtype holding
         ``floor(x + 0.5)`` (so 0.5 -> 1 and 2.5 -> 3, unlike ``torch.round``,
-        which rounds half to even).
+        which rounds half to even; -0.0 and -0.25 -> +0.0). Reverse mode
+        (``backward``, ``torch.func.grad``/``vjp``/``jacrev``) passes the
+        gradient through unchanged, forward mode (``torch.func.jvp``,
+        ``jacfwd``, dual tensors) the tangent; ``torch.func.vmap`` works.
     """
-    _runtime.check_tensor(OP, "x", x)
-    return torch.ops.round_op.round_ste.default(x)
+    if type(x) is not Tensor and not isinstance(x, Tensor):
+        _runtime.check_tensor(OP, "x", x)
+    if _is_compiling() or _functorch_active():
+        # The registered op: torch.compile traces it, torch.func transforms
+        # run its autograd and vmap rule level by level.
+        return _round_ste(x)
+    if _differentiating(x):
+        return _RoundSTEFunction.apply(x)
+    # Nothing to differentiate: the kernel below autograd, without the
+    # Python autograd kernel's redispatch.
+    with _below_autograd():
+        return _round_ste(x)
 
 
 class RoundSTE(nn.Module):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import torch
+import torch.autograd.forward_ad as _fwad
 from torch import Tensor, nn
 
 from . import _runtime
@@ -92,20 +93,39 @@ def _add_out_fake(a: Tensor, b: Tensor, *, out: Tensor) -> Tensor:
 
 
 # -- autograd -----------------------------------------------------------------
-def _add_setup_context(ctx, inputs, output) -> None:
-    # Nothing to save: the gradient does not depend on the inputs.
-    pass
+# d(a + b)/da = d(a + b)/db = 1: the gradient goes to both inputs unchanged,
+# the output's tangent is the sum of the inputs' tangents. No kernel either
+# way, and the backward (the identity) is differentiable as it is.
 
 
-def _add_backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None]:
-    # d(a + b)/da = d(a + b)/db = 1: the gradient goes to both, unchanged.
-    need_a, need_b = ctx.needs_input_grad
-    return (grad if need_a else None), (grad if need_b else None)
+def _add_below_autograd(a: Tensor, b: Tensor) -> Tensor:
+    with _below_autograd():
+        return _add(a, b)
 
 
-torch.library.register_autograd(
-    "vecadd_op::add", _add_backward, setup_context=_add_setup_context
-)
+class _AddFunction(torch.autograd.Function):
+    """The autograd of vecadd_op::add: reverse and forward mode, at any
+    torch.func level (vmap levels use the vmap rule below)."""
+
+    @staticmethod
+    def forward(ctx, a: Tensor, b: Tensor) -> Tensor:
+        return _add_below_autograd(a, b)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None]:
+        need_a, need_b = ctx.needs_input_grad
+        return (grad if need_a else None), (grad if need_b else None)
+
+    @staticmethod
+    def jvp(ctx, tangent_a: Tensor | None, tangent_b: Tensor | None) -> Tensor:
+        if tangent_a is None:
+            return tangent_b
+        if tangent_b is None:
+            return tangent_a
+        return tangent_a + tangent_b
+
+
+_runtime.register_autograd("vecadd_op::add", _AddFunction)
 
 # The out= overload is not differentiable (like torch.add(..., out=)): its
 # Autograd kernel rejects arguments that require grad, with grad mode on,
@@ -122,6 +142,27 @@ def _check_out_not_differentiated(a: Tensor, b: Tensor, out: Tensor) -> None:
                     f"automatic differentiation; call add(a, b) without out=, or call it "
                     f"under torch.no_grad()"
                 )
+    if _fwad._current_level >= 0:
+        # Dual tensors (forward_ad, torch.func.jvp): as torch.add(..., out=),
+        # refuse rather than drop the tangent.
+        for name, t in (("out", out), ("a", a), ("b", b)):
+            if _fwad.unpack_dual(t).tangent is not None:
+                raise RuntimeError(
+                    f"{OP}: argument '{name}' has a forward-mode AD tangent, but out= does not "
+                    f"support forward-mode automatic differentiation; call add(a, b) without out="
+                )
+
+
+def _check_out_not_inference(out: Tensor) -> None:
+    # What aten's in-place and out= ops raise (from the version counter bump,
+    # which an inference tensor lacks and increment_version skips).
+    if out.is_inference() and not torch.is_inference_mode_enabled():
+        raise RuntimeError(
+            f"{OP}: argument 'out' is an inference tensor: Inplace update to inference tensor "
+            f"outside InferenceMode is not allowed. You can make a clone to get a normal tensor "
+            f"before doing inplace update. See https://github.com/pytorch/rfcs/pull/17 for more "
+            f"details."
+        )
 
 
 def _add_out_autograd(keyset, a: Tensor, b: Tensor, *, out: Tensor) -> Tensor:
@@ -137,6 +178,7 @@ _lib.impl("add.out", _add_out_autograd, "Autograd", with_keyset=True)
 # so that autograd notices when a tensor saved for backward was overwritten.
 # (A schema defined through the stable ABI gets no ADInplaceOrView kernel.)
 def _add_out_ad_inplace_or_view(keyset, a: Tensor, b: Tensor, *, out: Tensor) -> Tensor:
+    _check_out_not_inference(out)
     _increment_version(out)
     return _add_out.redispatch(keyset & torch._C._after_ADInplaceOrView_keyset, a, b, out=out)
 
@@ -184,11 +226,14 @@ def add(a: Tensor, b: Tensor, *, out: Tensor | None = None) -> Tensor:
             and (out is None or isinstance(out, Tensor))):
         _check_are_tensors(a, b, out)
     if out is None:
-        if _is_compiling() or _functorch_active() or (
-            _grad_enabled() and (a.requires_grad or b.requires_grad)
-        ):
-            # Autograd, torch.compile and torch.func see the registered op.
+        if _is_compiling() or _functorch_active():
+            # torch.compile traces the registered op; torch.func transforms
+            # run its autograd and vmap rule level by level.
             return _add(a, b)
+        if (_grad_enabled() and (a.requires_grad or b.requires_grad)) or _fwad._current_level >= 0:
+            # Autograd, or forward AD (a dual_level is open: a or b may be
+            # dual tensors).
+            return _AddFunction.apply(a, b)
         # Nothing for autograd to record: skip the Python autograd kernel,
         # which would only redispatch below autograd itself, at a cost of
         # several microseconds per call (more than a small add takes).
@@ -196,13 +241,16 @@ def add(a: Tensor, b: Tensor, *, out: Tensor | None = None) -> Tensor:
             return _add(a, b)
     if _is_compiling():
         return _add_out_traced(a, b, out)
-    if _functorch_active() or (
+    if _functorch_active() or _fwad._current_level >= 0 or (
         _grad_enabled() and (a.requires_grad or b.requires_grad or out.requires_grad)
     ):
-        # The Autograd kernel rejects out= with arguments that require grad.
+        # The Autograd kernel rejects out= with arguments that require grad
+        # or carry a forward-AD tangent.
         return _add_out(a, b, out=out)
     # Below the Python Autograd and ADInplaceOrView kernels, doing the
-    # latter's one job (the version bump) here.
+    # latter's jobs (the inference-tensor check, the version bump) here.
+    if out.is_inference():
+        _check_out_not_inference(out)
     with _below_ad_inplace_or_view():
         result = _add_out(a, b, out=out)
     _increment_version(out)
