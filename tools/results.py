@@ -1,11 +1,12 @@
-"""Read the JSON results the nox sessions write (.nox/_results/*.json).
+"""Results of the nox sessions: recorded by :class:`Results`, one JSON file
+per session in .nox/_results/, and read back here.
 
-    python scripts/results.py table [RESULTS_DIR] [--markdown FILE]
+    python -m tools.results table [RESULTS_DIR] [--markdown FILE]
         The support-matrix table: rows are torch releases (and the wheel
         builds and CUDA compile lanes), one line per check; columns are
         packages. Exit status 1 if any cell failed or there is nothing to show.
 
-    python scripts/results.py summary RESULTS_FILE
+    python -m tools.results summary RESULTS_FILE
         One closing line for one session: "tests: N passed, N failed, N skipped".
         Exit status 1 if the file is missing or anything failed.
 """
@@ -14,25 +15,64 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+if __package__ in (None, ""):  # run as a file: python tools/results.py
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    __package__ = "tools"
+
+from . import ROOT
+
+RESULTS_DIR = ROOT / ".nox" / "_results"
 MATRIX_KINDS = ("wheels", "matrix", "cuda_compile")
+
+
+class Results:
+    """Outcomes of one session, written to .nox/_results/<session>.json (the
+    matrix table, CI's closing line). ``session`` needs ``name``, ``log`` and
+    ``error`` (a nox session)."""
+
+    def __init__(self, session: Any, kind: str, row: str = "", label: str = "",
+                 results_dir: Path = RESULTS_DIR) -> None:
+        self.session = session
+        self.data: dict = {"session": session.name, "kind": kind, "row": row, "label": label,
+                           "started": time.time(), "items": []}
+        results_dir.mkdir(parents=True, exist_ok=True)
+        self.path = results_dir / (re.sub(r"[^\w.=-]+", "_", session.name).strip("_") + ".json")
+        self.path.unlink(missing_ok=True)
+
+    def add(self, suite: str, check: str, status: str, text: str, detail: str = "",
+            counts: dict | None = None) -> None:
+        item = {"suite": suite, "check": check, "status": status, "text": text, "detail": detail}
+        if counts is not None:
+            item["counts"] = counts
+        self.data["items"].append(item)
+        mark = {"pass": "ok", "fail": "FAILED", "skip": "skipped"}[status]
+        self.session.log(f"[{check}] {suite}: {mark}: {text}" + (f" ({detail})" if detail else ""))
+
+    @property
+    def failures(self) -> list[dict]:
+        return [i for i in self.data["items"] if i["status"] == "fail"]
+
+    def finish(self) -> None:
+        """Write the file, log the closing line; the session fails on any failure."""
+        self.data["seconds"] = round(time.time() - self.data["started"])
+        self.path.write_text(json.dumps(self.data, indent=1))
+        self.session.log(summary_line(self.data))
+        if self.failures:
+            self.session.error("failed: " + "; ".join(f"{i['check']} {i['suite']}" for i in self.failures))
 
 
 def _orders() -> dict[str, list[str]]:
     """Row order of each kind of session, as matrix.toml lists them."""
-    try:
-        import tomllib
+    from . import matrix
 
-        m = tomllib.loads((ROOT / "matrix.toml").read_text())
-        toolkits = [tk["version"] for tk in m["cuda"]["toolkit"]]
-        return {"wheels": ["cpu"] + [f"cuda{v}" for v in toolkits],
-                "matrix": [t["series"] for t in m["torch"]], "cuda_compile": toolkits}
-    except (ImportError, OSError, KeyError, ValueError):
-        return {}
+    m = matrix.load()
+    return {"wheels": m.variants, "matrix": list(m.torches), "cuda_compile": list(m.toolkits)}
 
 
 def load(results_dir: Path) -> list[dict]:
@@ -165,12 +205,8 @@ def table(results_dir: Path, markdown: Path | None) -> int:
     return 1 if counts["fail"] else 0
 
 
-def summary(path: Path) -> int:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        print(f"{path.name}: no results (the session did not run)")
-        return 1
+def summary_line(data: dict) -> str:
+    """"tests: N passed, N failed, N skipped" of one session's results."""
     # Test counts where the session ran test suites; its other checks (builds,
     # compiles, loads) count only when they failed. Otherwise: one per check.
     with_counts = any(item.get("counts") for item in data["items"])
@@ -185,16 +221,25 @@ def summary(path: Path) -> int:
         elif not with_counts:
             passed += item["status"] == "pass"
             skipped += item["status"] == "skip"
-    word = data["kind"]
-    print(f"{word}: {passed} passed, {failed} failed, {skipped} skipped")
-    return 1 if failed or any(i["status"] == "fail" for i in data["items"]) else 0
+    return f"{data['kind']}: {passed} passed, {failed} failed, {skipped} skipped"
+
+
+def summary(path: Path) -> int:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        print(f"{path.name}: no results (the session did not run)")
+        return 1
+    line = summary_line(data)
+    print(line)
+    return 1 if " 0 failed" not in line or any(i["status"] == "fail" for i in data["items"]) else 0
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
     t = sub.add_parser("table")
-    t.add_argument("results_dir", nargs="?", type=Path, default=ROOT / ".nox" / "_results")
+    t.add_argument("results_dir", nargs="?", type=Path, default=RESULTS_DIR)
     t.add_argument("--markdown", type=Path)
     s = sub.add_parser("summary")
     s.add_argument("path", type=Path)

