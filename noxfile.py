@@ -34,7 +34,6 @@ if hasattr(nox.options, "download_python"):
     nox.options.download_python = "never"  # `--download-python auto` to let uv fetch one
 nox.options.sessions = [f"tests-{M.default_python}"]
 steps.configure_uv()
-LINT_REQS = ["ruff==0.14.6", "clang-format==21.1.6"]
 
 
 def _args(session: nox.Session, flags: set[str] = frozenset()) -> steps.Args:
@@ -60,7 +59,8 @@ def tests(session: nox.Session) -> None:
     compile_cuda = "--no-cuda-compile" not in args.flags and bool(args.packages)
     tk = M.toolkits[M.lane_toolkit]
     results = Results(session, "tests")
-    version, _ = steps.install_env(session, M, M.lane_torch, *(toolkits.requirements(tk) if compile_cuda else []))
+    version, _ = steps.install_env(session, M, M.lane_torch, *steps.LINT_REQS,
+                                   *(toolkits.requirements(tk) if compile_cuda else []))
     built = steps.build_and_install(session, args.packages, results, steps.tmp(session, "wheels"), cuda=_ops_cuda())
     steps.run_suites(session, results, built, args.suites, "tests", args.rest)
     if args.suites is None and "round-op" in built:  # the smallest op: one isolated sdist build
@@ -145,11 +145,11 @@ def conda(session: nox.Session) -> None:
 @nox.session(python=M.default_python, default=False)
 def lint(session: nox.Session) -> None:
     """ruff (lint and format check) and clang-format, configured in pyproject.toml / .clang-format."""
-    session.install(*LINT_REQS)
+    session.install(*steps.LINT_REQS)
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
     sources = sorted(str(p) for ext in ("*.h", "*.cpp", "*.cu") for p in (ROOT / "packages").rglob(ext)
-                     if "build" not in p.parts)
+                     if "build" not in p.parts and "_opscommon" not in p.parts)
     session.run("clang-format", "--dry-run", "--Werror", *sources)
 
 

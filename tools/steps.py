@@ -31,6 +31,9 @@ CACHE = ROOT / ".nox" / "_cache"  # unpacked torch headers, fetched toolkits
 # requirements and `test` extras; tools/tests holds them to the pyprojects).
 BUILD_REQS = ["setuptools>=77", "wheel", "ninja", "build"]
 TEST_REQS = ["pytest", "hypothesis", "numpy"]
+# Lint (nox -s lint, and tools/tests/test_lint.py in every tests session): pinned, so a
+# new release of either never fails a run on code that did not change.
+LINT_REQS = ["ruff==0.17.6", "clang-format==23.1.5"]
 BUILD_FAILURES = (Exception,)  # nox's CommandFailed and friends: any failed step is recorded
 
 
