@@ -192,13 +192,14 @@ inline Tensor alloc(const char* op, const char* what, const Tensor& like,
 }
 
 // A view of base's storage (no dispatcher call): sizes and strides in
-// elements, offset in elements from base's own first element.
+// elements, offset in elements from base's own first element (the shim's
+// storage offset is an increment over base's).
 inline Tensor view_of(const Tensor& base, std::vector<int64_t> sizes, std::vector<int64_t> strides,
                       int64_t offset = 0) {
   AtenTensorHandle handle = nullptr;
   OPSCOMMON_SHIM_CHECK(aoti_torch__reinterpret_tensor(
-      base.get(), static_cast<int64_t>(sizes.size()), sizes.data(), strides.data(),
-      base.storage_offset() + offset, &handle));
+      base.get(), static_cast<int64_t>(sizes.size()), sizes.data(), strides.data(), offset,
+      &handle));
   return Tensor(handle);
 }
 

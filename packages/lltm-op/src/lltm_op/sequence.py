@@ -184,12 +184,11 @@ class _SequenceFunction(torch.autograd.Function):
     forward-mode AD. torch.compile and torch.export trace the op itself."""
 
     @staticmethod
-    def forward(ctx, input, weights, bias, old_h, old_cell):
+    def forward(input, weights, bias, old_h, old_cell):
         with _below_autograd():
-            out = _seq_forward(input, weights, bias, old_h, old_cell)
-        _setup_context(ctx, (input, weights, bias, old_h, old_cell), out)
-        return out
+            return _seq_forward(input, weights, bias, old_h, old_cell)
 
+    setup_context = staticmethod(_setup_context)
     backward = staticmethod(_backward)
 
     @staticmethod

@@ -1,0 +1,495 @@
+// lltm_op: CUDA kernels of the LLTM over whole sequences (the drivers, time
+// loop and matrix products included, are in lltm_sequence.h).
+//
+// Two ways to run a step:
+//
+// * cuBLAS path (large batch or state): the recurrent product is one cuBLAS
+//   matrix product per step (through torch's dispatcher), then one
+//   elementwise kernel: per step, forward
+//     rec = h_{t-1} W_h^T;  G_t = P_t + rec + b;  h_t, c_t = cell(G_t, c_{t-1})
+//   and backward
+//     rec = dG_{t+1} W_h;  dG_t, dc_{t-1} = cell_backward(grad_out[t] + rec, dc_t, ...)
+//   Threads take consecutive state columns of a row (coalesced); the backward
+//   kernel also sums dG over its rows into per-block-row partial sums of the
+//   bias gradient (each (block row, column) is owned by one block, added in
+//   step order: deterministic), finished once at the end.
+//
+// * fused path (small batch and state, where a step is a few microseconds of
+//   launch-bound work): one kernel per step computes the recurrent product
+//   itself (each block: 32 state columns x 4 batch rows, the product's
+//   k-dimension split over its 4 warps, reduced in shared memory) and then
+//   the cell: one launch per step each way instead of a cuBLAS call plus a
+//   kernel. The forward reads W_h^T as a contiguous [S, 3S] copy (made once
+//   per call) so that a warp's 32 columns are one coalesced load; the
+//   backward reads W_h rows in place.
+//
+// LLTM_OP_SEQUENCE_FUSED=0/1 forces a path (tests, benchmarks); unset, the
+// fused path runs when B * 3S * S <= 2^22 multiply-adds per step.
+#include <cuda_fp16.h>
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/ops.h>
+#include <torch/csrc/stable/tensor.h>
+
+#include <algorithm>
+#include <optional>
+#include <tuple>
+#include <type_traits>
+
+#include "lltm.h"
+#include "lltm_sequence.h"
+#include "opscommon/checks.h"
+#include "opscommon/cuda.h"
+#include "opscommon/dispatch.h"
+
+namespace lltm_op {
+namespace seq {
+namespace {
+
+template <typename T>
+using Acc = opscommon::acc_t<T>;
+
+template <typename T>
+__device__ __forceinline__ Acc<T> to_acc(T v) {
+  return static_cast<Acc<T>>(v);
+}
+template <>
+__device__ __forceinline__ float to_acc<opscommon::Half>(opscommon::Half v) {
+  return __half2float(__ushort_as_half(v.x));
+}
+template <typename T>
+__device__ __forceinline__ T to_storage(Acc<T> v) {
+  return static_cast<T>(v);
+}
+template <>
+__device__ __forceinline__ opscommon::Half to_storage<opscommon::Half>(float v) {
+  return opscommon::Half(__half_as_ushort(__float2half_rn(v)), opscommon::Half::from_bits());
+}
+
+template <typename T>
+using MathFor = std::conditional_t<sizeof(T) == 2, FastMath, AccurateMath>;
+
+constexpr unsigned int kThreads = 256;
+// Fused kernels: 4 warps split the product's k-dimension; 4 batch rows per
+// block, so that each thread finishes one (row, column) of the cell.
+constexpr int kWarps = 4;
+constexpr int kRows = 4;
+// cuBLAS-path backward kernel: blocks of 32 columns x 8 rows.
+constexpr int kBwdRows = 8;
+// Fused path by default up to this many multiply-adds per step (B * 3S * S).
+constexpr int64_t kFusedMaxMacs = int64_t(1) << 22;
+
+// -- cuBLAS path -------------------------------------------------------------------
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    forward_cell_kernel(int64_t B, int64_t S, T* __restrict__ gates, const T* __restrict__ rec,
+                        const T* __restrict__ bias, const T* __restrict__ c_prev,
+                        T* __restrict__ h, T* __restrict__ c, T* __restrict__ h_n,
+                        T* __restrict__ c_n) {
+  using A = Acc<T>;
+  const int64_t n = B * S;
+  OPSCOMMON_KERNEL_LOOP(i, n) {
+    const int64_t r = i / S;
+    const int64_t j = i - r * S;
+    T* g = gates + r * 3 * S;
+    const T* p = rec + r * 3 * S;
+    A pre[3];
+#pragma unroll
+    for (int k = 0; k < 3; ++k) {
+      const int64_t col = k * S + j;
+      const T v = to_storage<T>(to_acc(g[col]) + to_acc(p[col]) + to_acc(bias[col]));
+      g[col] = v;
+      pre[k] = to_acc(v);
+    }
+    A nh, nc;
+    cell_forward_math<A, MathFor<T>>(pre[0], pre[1], pre[2], to_acc(c_prev[i]), nh, nc);
+    const T hv = to_storage<T>(nh), cv = to_storage<T>(nc);
+    h[i] = hv;
+    c[i] = cv;
+    if (h_n != nullptr) {
+      h_n[i] = hv;
+      c_n[i] = cv;
+    }
+  }
+}
+
+// Block (32, kBwdRows): threadIdx.x a column, threadIdx.y and blockIdx.y
+// stride over rows. partial: [gridDim.y, 3S], this block row's bias sums.
+template <typename T>
+__global__ void __launch_bounds__(32 * kBwdRows)
+    backward_cell_kernel(int64_t B, int64_t S, const T* __restrict__ go,
+                         const T* __restrict__ other, const T* dc_in,
+                         const T* __restrict__ gates, const T* __restrict__ c_prev,
+                         T* __restrict__ dg, T* dc_out, Acc<T>* __restrict__ partial) {
+  using A = Acc<T>;
+  __shared__ A red[kBwdRows][3][32];
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
+  A sum[3] = {A(0), A(0), A(0)};
+  if (j < S) {
+    const int64_t stride = static_cast<int64_t>(gridDim.y) * kBwdRows;
+    for (int64_t r = static_cast<int64_t>(blockIdx.y) * kBwdRows + threadIdx.y; r < B;
+         r += stride) {
+      const int64_t i = r * S + j;
+      A grad_h = A(0);
+      if (go != nullptr) grad_h += to_acc(go[i]);
+      if (other != nullptr) grad_h += to_acc(other[i]);
+      const A grad_c = dc_in != nullptr ? to_acc(dc_in[i]) : A(0);
+      const T* g = gates + r * 3 * S;
+      A d_i, d_o, d_z, d_c;
+      cell_backward_math<A, MathFor<T>>(grad_h, grad_c, to_acc(g[j]), to_acc(g[S + j]),
+                                        to_acc(g[2 * S + j]), to_acc(c_prev[i]), d_i, d_o, d_z,
+                                        d_c);
+      T* d = dg + r * 3 * S;
+      d[j] = to_storage<T>(d_i);
+      d[S + j] = to_storage<T>(d_o);
+      d[2 * S + j] = to_storage<T>(d_z);
+      dc_out[i] = to_storage<T>(d_c);
+      sum[0] += d_i;
+      sum[1] += d_o;
+      sum[2] += d_z;
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < 3; ++k) red[threadIdx.y][k][threadIdx.x] = sum[k];
+  __syncthreads();
+  if (threadIdx.y == 0 && j < S) {
+    A* row = partial + static_cast<int64_t>(blockIdx.y) * 3 * S;
+#pragma unroll
+    for (int k = 0; k < 3; ++k) {
+      A s = A(0);
+      for (int y = 0; y < kBwdRows; ++y) s += red[y][k][threadIdx.x];
+      row[k * S + j] += s;
+    }
+  }
+}
+
+// -- fused path -------------------------------------------------------------------------
+
+// Block: kWarps warps; grid (ceil(S / 32), ceil(B / kRows)). Lane = column
+// j of the block's 32, warp = a quarter of the k range for the product and,
+// after the reduction, the row of the cell this thread finishes.
+template <typename T>
+__global__ void __launch_bounds__(32 * kWarps)
+    forward_fused_kernel(int64_t B, int64_t S, T* __restrict__ gates, const T* __restrict__ bias,
+                         const T* __restrict__ h_prev, const T* __restrict__ w_hT,
+                         const T* __restrict__ c_prev, T* __restrict__ h, T* __restrict__ c,
+                         T* __restrict__ h_n, T* __restrict__ c_n) {
+  using A = Acc<T>;
+  __shared__ A red[kWarps][3][kRows][32];
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * 32 + lane;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kRows;
+  A acc[3][kRows];
+#pragma unroll
+  for (int g = 0; g < 3; ++g) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) acc[g][r] = A(0);
+  }
+  if (j < S) {
+    const T* hr[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) hr[r] = h_prev + std::min<int64_t>(r0 + r, B - 1) * S;
+    const int64_t per = (S + kWarps - 1) / kWarps;
+    const int64_t k0 = warp * per;
+    const int64_t k1 = std::min<int64_t>(S, k0 + per);
+#pragma unroll 4
+    for (int64_t k = k0; k < k1; ++k) {
+      const T* wr = w_hT + k * 3 * S;
+      const A w0 = to_acc(wr[j]);
+      const A w1 = to_acc(wr[S + j]);
+      const A w2 = to_acc(wr[2 * S + j]);
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const A hv = to_acc(hr[r][k]);
+        acc[0][r] += w0 * hv;
+        acc[1][r] += w1 * hv;
+        acc[2][r] += w2 * hv;
+      }
+    }
+  }
+#pragma unroll
+  for (int g = 0; g < 3; ++g) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) red[warp][g][r][lane] = acc[g][r];
+  }
+  __syncthreads();
+  const int64_t row = r0 + warp;
+  if (j < S && row < B) {
+    T* gr = gates + row * 3 * S;
+    A pre[3];
+#pragma unroll
+    for (int g = 0; g < 3; ++g) {
+      A s = A(0);
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) s += red[w][g][warp][lane];
+      const int64_t col = g * S + j;
+      const T v = to_storage<T>(to_acc(gr[col]) + s + to_acc(bias[col]));
+      gr[col] = v;
+      pre[g] = to_acc(v);
+    }
+    const int64_t i = row * S + j;
+    A nh, nc;
+    cell_forward_math<A, MathFor<T>>(pre[0], pre[1], pre[2], to_acc(c_prev[i]), nh, nc);
+    const T hv = to_storage<T>(nh), cv = to_storage<T>(nc);
+    h[i] = hv;
+    c[i] = cv;
+    if (h_n != nullptr) {
+      h_n[i] = hv;
+      c_n[i] = cv;
+    }
+  }
+}
+
+// dh = grad_out + extra + dG_next W_h (W_h: rows of stride ld), then the
+// cell's backward; partial: [gridDim.y, 3S], this block's bias sums.
+template <typename T>
+__global__ void __launch_bounds__(32 * kWarps)
+    backward_fused_kernel(int64_t B, int64_t S, const T* __restrict__ go,
+                          const T* __restrict__ extra, const T* __restrict__ dG_next,
+                          const T* __restrict__ w_h, int64_t ld, const T* dc_in,
+                          const T* __restrict__ gates, const T* __restrict__ c_prev,
+                          T* __restrict__ dg, T* dc_out, Acc<T>* __restrict__ partial) {
+  using A = Acc<T>;
+  __shared__ A red[kWarps][kRows][32];
+  __shared__ A bsum[kRows][3][32];
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * 32 + lane;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kRows;
+  const int64_t S3 = 3 * S;
+  A acc[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) acc[r] = A(0);
+  if (dG_next != nullptr && j < S) {
+    const T* dr[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) dr[r] = dG_next + std::min<int64_t>(r0 + r, B - 1) * S3;
+    const int64_t per = (S3 + kWarps - 1) / kWarps;
+    const int64_t k0 = warp * per;
+    const int64_t k1 = std::min<int64_t>(S3, k0 + per);
+#pragma unroll 4
+    for (int64_t k = k0; k < k1; ++k) {
+      const A w = to_acc(w_h[k * ld + j]);
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) acc[r] += w * to_acc(dr[r][k]);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) red[warp][r][lane] = acc[r];
+  __syncthreads();
+  const int64_t row = r0 + warp;
+  A d3[3] = {A(0), A(0), A(0)};
+  if (j < S && row < B) {
+    const int64_t i = row * S + j;
+    A grad_h = A(0);
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) grad_h += red[w][warp][lane];
+    if (go != nullptr) grad_h += to_acc(go[i]);
+    if (extra != nullptr) grad_h += to_acc(extra[i]);
+    const A grad_c = dc_in != nullptr ? to_acc(dc_in[i]) : A(0);
+    const T* g = gates + row * S3;
+    A d_c;
+    cell_backward_math<A, MathFor<T>>(grad_h, grad_c, to_acc(g[j]), to_acc(g[S + j]),
+                                      to_acc(g[2 * S + j]), to_acc(c_prev[i]), d3[0], d3[1],
+                                      d3[2], d_c);
+    T* d = dg + row * S3;
+    d[j] = to_storage<T>(d3[0]);
+    d[S + j] = to_storage<T>(d3[1]);
+    d[2 * S + j] = to_storage<T>(d3[2]);
+    dc_out[i] = to_storage<T>(d_c);
+  }
+#pragma unroll
+  for (int g = 0; g < 3; ++g) bsum[warp][g][lane] = d3[g];
+  __syncthreads();
+  if (warp == 0 && j < S) {
+    A* prow = partial + static_cast<int64_t>(blockIdx.y) * S3;
+#pragma unroll
+    for (int g = 0; g < 3; ++g) {
+      A s = A(0);
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) s += bsum[r][g][lane];
+      prow[g * S + j] += s;
+    }
+  }
+}
+
+// -- small helpers -------------------------------------------------------------------------
+
+// d_bias[c] = sum over p of partial[p, c], in order, in double.
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    bias_finish_kernel(int64_t cols, int64_t parts, const Acc<T>* __restrict__ partial,
+                       T* __restrict__ d_bias) {
+  OPSCOMMON_KERNEL_LOOP(c, cols) {
+    double s = 0.0;
+    for (int64_t p = 0; p < parts; ++p) s += static_cast<double>(partial[p * cols + c]);
+    d_bias[c] = to_storage<T>(static_cast<Acc<T>>(s));
+  }
+}
+
+// dst[r, c] (row stride ld) += src[r, c] (contiguous).
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    add_into_kernel(int64_t rows, int64_t cols, int64_t ld, T* __restrict__ dst,
+                    const T* __restrict__ src) {
+  const int64_t n = rows * cols;
+  OPSCOMMON_KERNEL_LOOP(i, n) {
+    const int64_t r = i / cols;
+    const int64_t c = i - r * cols;
+    T* p = dst + r * ld + c;
+    *p = to_storage<T>(to_acc(*p) + to_acc(src[i]));
+  }
+}
+
+// Rows of bias partial sums of the cuBLAS-path backward kernel: about one
+// wave of blocks, rows covered by the grid-stride loop.
+int64_t backward_block_rows(int64_t B, int64_t S, int device) {
+  const int64_t grid_x = (S + 31) / 32;
+  const int64_t wave = static_cast<int64_t>(opscommon::multiprocessor_count(device)) * 8;
+  const int64_t want = std::max<int64_t>(1, (B + kBwdRows - 1) / kBwdRows);
+  return std::min<int64_t>({want, std::max<int64_t>(1, wave / grid_x), 65535});
+}
+
+int64_t fused_block_rows(int64_t B) { return std::max<int64_t>(1, (B + kRows - 1) / kRows); }
+
+unsigned int grid_dim(int64_t v, const char* what) {
+  OPSCOMMON_CHECK(v >= 1 && v <= 0x7fffffff, kSeqForward, ": ", what, " too large for one grid");
+  return static_cast<unsigned int>(v);
+}
+
+struct CudaDev {
+  static bool fused(const Tensor&, const Dims& d) {
+    // The fused kernels' grid: ceil(S / 32) x ceil(B / 4) blocks.
+    const bool possible = d.B <= int64_t(kRows) * 65535 && d.S <= (int64_t(1) << 36);
+    const int64_t force = env_int("LLTM_OP_SEQUENCE_FUSED", -1);
+    if (force == 0) return false;
+    if (force > 0) return possible;
+    // B * 3S * S without overflow: S is at most 2^31 here when it matters.
+    if (d.S > (int64_t(1) << 20) || d.B > (int64_t(1) << 20)) return false;
+    return possible && d.B * 3 * d.S * d.S <= kFusedMaxMacs;
+  }
+
+  static void forward_step(const Tensor& like, const ForwardStep& s) {
+    const int device = like.get_device();
+    const cudaStream_t stream = opscommon::current_stream(device);
+    opscommon::dispatch_floating(like.scalar_type(), kSeqForward, [&](auto tag) {
+      using T = decltype(tag);
+      if (s.rec == nullptr) {
+        const dim3 grid(grid_dim((s.S + 31) / 32, "the state size"),
+                        grid_dim(fused_block_rows(s.B), "the batch"));
+        forward_fused_kernel<T><<<grid, 32 * kWarps, 0, stream>>>(
+            s.B, s.S, static_cast<T*>(s.gates), static_cast<const T*>(s.bias),
+            static_cast<const T*>(s.h_prev), static_cast<const T*>(s.w_hT),
+            static_cast<const T*>(s.c_prev), static_cast<T*>(s.h), static_cast<T*>(s.c),
+            static_cast<T*>(s.h_n), static_cast<T*>(s.c_n));
+      } else {
+        const auto cfg = opscommon::launch_config(s.B * s.S, device, kThreads, opscommon::kNoSmCap);
+        forward_cell_kernel<T><<<cfg.blocks, cfg.threads, 0, stream>>>(
+            s.B, s.S, static_cast<T*>(s.gates), static_cast<const T*>(s.rec),
+            static_cast<const T*>(s.bias), static_cast<const T*>(s.c_prev), static_cast<T*>(s.h),
+            static_cast<T*>(s.c), static_cast<T*>(s.h_n), static_cast<T*>(s.c_n));
+      }
+      OPSCOMMON_CUDA_CHECK_LAUNCH();
+    });
+  }
+
+  static void backward_step(const Tensor& like, const BackwardStep& s, bool fused) {
+    const int device = like.get_device();
+    const cudaStream_t stream = opscommon::current_stream(device);
+    opscommon::dispatch_floating(like.scalar_type(), kSeqBackward, [&](auto tag) {
+      using T = decltype(tag);
+      using A = Acc<T>;
+      A* partial = static_cast<A*>(s.bias_partial);
+      const unsigned int gx = grid_dim((s.S + 31) / 32, "the state size");
+      if (fused) {
+        const dim3 grid(gx, grid_dim(fused_block_rows(s.B), "the batch"));
+        backward_fused_kernel<T><<<grid, 32 * kWarps, 0, stream>>>(
+            s.B, s.S, static_cast<const T*>(s.grad_out), static_cast<const T*>(s.extra),
+            static_cast<const T*>(s.dG_next), static_cast<const T*>(s.w_h), s.w_ld,
+            static_cast<const T*>(s.dc_in), static_cast<const T*>(s.gates),
+            static_cast<const T*>(s.c_prev), static_cast<T*>(s.d_gates),
+            static_cast<T*>(s.dc_out), partial);
+      } else {
+        const dim3 grid(gx, static_cast<unsigned int>(backward_block_rows(s.B, s.S, device)));
+        const T* other = static_cast<const T*>(s.rec != nullptr ? s.rec : s.extra);
+        backward_cell_kernel<T><<<grid, dim3(32, kBwdRows), 0, stream>>>(
+            s.B, s.S, static_cast<const T*>(s.grad_out), other, static_cast<const T*>(s.dc_in),
+            static_cast<const T*>(s.gates), static_cast<const T*>(s.c_prev),
+            static_cast<T*>(s.d_gates), static_cast<T*>(s.dc_out), partial);
+      }
+      OPSCOMMON_CUDA_CHECK_LAUNCH();
+    });
+  }
+
+  static Tensor bias_partial(const Tensor& like, const Dims& d, bool fused) {
+    const int64_t rows = fused ? fused_block_rows(d.B) : backward_block_rows(d.B, d.S, like.get_device());
+    const int32_t acc_dtype = like.scalar_type() == torch::headeronly::ScalarType::Double
+                                  ? aoti_torch_dtype_float64()
+                                  : aoti_torch_dtype_float32();
+    Tensor p = alloc(kSeqBackward, "the bias-gradient partial sums", like, {rows, 3 * d.S}, acc_dtype);
+    torch::stable::zero_(p);
+    return p;
+  }
+
+  static void bias_chunk(const Tensor&, Tensor&, const Tensor&) {}  // summed by the step kernels
+
+  static void bias_finish(const Tensor& partial, Tensor& d_bias) {
+    const int device = d_bias.get_device();
+    const cudaStream_t stream = opscommon::current_stream(device);
+    const int64_t cols = d_bias.numel();
+    if (cols == 0) return;
+    opscommon::dispatch_floating(d_bias.scalar_type(), kSeqBackward, [&](auto tag) {
+      using T = decltype(tag);
+      const auto cfg = opscommon::launch_config(cols, device, kThreads, opscommon::kNoSmCap);
+      bias_finish_kernel<T><<<cfg.blocks, cfg.threads, 0, stream>>>(
+          cols, partial.size(0), static_cast<const Acc<T>*>(partial.const_data_ptr()),
+          d_bias.mutable_data_ptr<T>());
+      OPSCOMMON_CUDA_CHECK_LAUNCH();
+    });
+  }
+
+  static void add_into(Tensor& dst, const Tensor& src) {
+    const int device = dst.get_device();
+    const cudaStream_t stream = opscommon::current_stream(device);
+    const int64_t rows = dst.size(0), cols = dst.size(1);
+    if (rows * cols == 0) return;
+    opscommon::dispatch_floating(dst.scalar_type(), kSeqBackward, [&](auto tag) {
+      using T = decltype(tag);
+      const auto cfg = opscommon::launch_config(rows * cols, device, kThreads, 8);
+      add_into_kernel<T><<<cfg.blocks, cfg.threads, 0, stream>>>(
+          rows, cols, dst.stride(0), dst.mutable_data_ptr<T>(), src.const_data_ptr<T>());
+      OPSCOMMON_CUDA_CHECK_LAUNCH();
+    });
+  }
+};
+
+}  // namespace
+
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_forward_cuda(Tensor input, Tensor weights,
+                                                                        Tensor bias, Tensor old_h,
+                                                                        Tensor old_cell) {
+  check_operand(kSeqForward, "input", input);
+  opscommon::DeviceGuard guard(input.get_device());
+  ForwardResult r = sequence_forward<CudaDev>(input, weights, bias, old_h, old_cell);
+  return {r.outputs, r.h_n, r.c_n, r.gates, r.cells};
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_backward_cuda(
+    std::optional<Tensor> grad_outputs, std::optional<Tensor> grad_h_n,
+    std::optional<Tensor> grad_c_n, Tensor input, Tensor weights, Tensor old_h, Tensor old_cell,
+    Tensor outputs, Tensor gates, Tensor cells, bool input_grad) {
+  check_operand(kSeqBackward, "input", input);
+  opscommon::DeviceGuard guard(input.get_device());
+  BackwardResult r = sequence_backward<CudaDev>(grad_outputs, grad_h_n, grad_c_n, input, weights,
+                                                old_h, old_cell, outputs, gates, cells, input_grad);
+  return {r.d_input, r.d_weights, r.d_bias, r.d_old_h, r.d_old_cell};
+}
+
+}  // namespace seq
+}  // namespace lltm_op
+
+STABLE_TORCH_LIBRARY_IMPL(lltm_op, CUDA, m) {
+  m.impl("sequence_forward", TORCH_BOX(&lltm_op::seq::sequence_forward_cuda));
+  m.impl("sequence_backward", TORCH_BOX(&lltm_op::seq::sequence_backward_cuda));
+}

@@ -1,0 +1,765 @@
+"""lltm_op.lltm_sequence (the fused multi-step LLTM) against a loop of the
+pure-PyTorch cell: the shared op contract, every gradient in float64 through
+every output and the final state, chunked backward, both CUDA paths (fused
+step kernels and cuBLAS), autograd features that are refused, autocast,
+export, CUDA graphs, memory and the module."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+
+import pytest
+import torch
+
+from lltm_op import LLTM, LLTMSequence, lltm, lltm_reference, lltm_sequence
+from lltm_op._runtime import BUILD_INFO
+from opscommon.testing import DEVICES, BadInput, OpContract, cuda_usable, with_layout
+
+OP = "lltm_op.lltm_sequence"
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+seq_forward = torch.ops.lltm_op.sequence_forward.default
+seq_backward = torch.ops.lltm_op.sequence_backward.default
+
+
+def need(device: str) -> str:
+    if device == "cuda" and not cuda_usable(BUILD_INFO):
+        pytest.skip("needs a CUDA GPU and a CUDA build")
+    return device
+
+
+@contextlib.contextmanager
+def env(**values):
+    """Set environment variables (the ops read LLTM_OP_SEQUENCE_* per call)."""
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update({k: str(v) for k, v in values.items()})
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def make_args(T, B, F, S, dtype=torch.float32, device="cpu", generator=None):
+    """input, weights, bias, old_h, old_cell, drawn in float64 (gates of
+    order one) and rounded to ``dtype``."""
+    f64 = dict(dtype=torch.float64, device="cpu", generator=generator)
+    fan_in = max(1, S + F)
+    args = (
+        torch.randn(T, B, F, **f64),
+        (torch.rand(3 * S, S + F, **f64) * 2 - 1) * (2.0 / math.sqrt(fan_in)),
+        torch.randn(3 * S, **f64) * 0.5,
+        torch.randn(B, S, **f64),
+        torch.randn(B, S, **f64),
+    )
+    return tuple(t.to(device=device, dtype=dtype) for t in args)
+
+
+def reference(input, weights, bias, old_h, old_cell):
+    """A loop of the pure-PyTorch cell."""
+    h, c = old_h, old_cell
+    outs = []
+    for t in range(input.shape[0]):
+        h, c = lltm_reference(input[t], weights, bias, h, c)
+        outs.append(h)
+    if outs:
+        outputs = torch.stack(outs)
+    else:
+        outputs = (old_h * 0).unsqueeze(0)[:0]  # [0, B, S], still connected to old_h
+    return outputs, (h, c)
+
+
+def flat(out):
+    outputs, (h_n, c_n) = out
+    return outputs, h_n, c_n
+
+
+def reference64(*args):
+    return flat(reference(*(t.double() for t in args)))
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    ref = ref.double()
+    denom = ref.norm().item()
+    err = (out.double() - ref).norm().item()
+    return err / denom if denom else err
+
+
+class TestSequenceContract(OpContract):
+    op_name = OP
+    build_info = BUILD_INFO
+    # (T, B, F, S): one step, batch 1, state sizes off every block width, a
+    # state past one block of 32 columns, T = 0, B = 0, S = 0, F = 0.
+    cases = [(1, 1, 1, 1), (3, 2, 3, 5), (5, 4, 5, 3), (6, 16, 32, 128), (4, 3, 7, 33),
+             (3, 9, 4, 40), (0, 4, 6, 5), (3, 0, 4, 6), (3, 5, 2, 0), (4, 3, 0, 5)]
+    grad_cases = [(3, 2, 3, 4), (1, 2, 2, 5), (4, 3, 1, 6)]
+    grad_inputs = (0, 1, 2, 3, 4)
+    special_values = False  # the matrix products mix every element into whole rows
+    property_examples = 25
+
+    def make_inputs(self, case, dtype, device):
+        return make_args(*case, dtype=dtype, device=device)
+
+    def call(self, *args):
+        return flat(lltm_sequence(*args))
+
+    def reference(self, *args):
+        if args[0].dtype in HALF_DTYPES:
+            return reference64(*args)
+        return flat(reference(*args))
+
+    def tolerance(self, dtype):
+        return {
+            torch.float16: {"atol": 5e-3, "rtol": 5e-3},
+            torch.bfloat16: {"atol": 4e-2, "rtol": 4e-2},
+        }.get(dtype, {})
+
+    def opcheck_targets(self):
+        return [seq_forward]
+
+    @pytest.mark.parametrize("device", DEVICES)
+    def test_opcheck(self, device):
+        device = self._device(device)
+        for dtype in (torch.float32, torch.float64):
+            for n, case in enumerate(self.grad_cases):
+                args = make_args(*case, dtype=dtype, device=device)
+                torch.library.opcheck(seq_forward, tuple(t.clone().requires_grad_() for t in args))
+                outputs, h_n, c_n, gates, cells = seq_forward(*args)
+                x, w, b, h, c = args
+                gs = [torch.randn_like(t) for t in (outputs, h_n, c_n)]
+                torch.library.opcheck(seq_backward, (*gs, x, w, h, c, outputs, gates, cells, True))
+                if n or dtype != torch.float32:
+                    continue
+                # Once: no grad, partial grads, strided arguments, absent
+                # incoming gradients, no input gradient, T = 0.
+                torch.library.opcheck(seq_forward, args)
+                torch.library.opcheck(seq_forward, (x, w.clone().requires_grad_(), b, h, c))
+                torch.library.opcheck(
+                    seq_forward,
+                    (with_layout(x, "transposed"), with_layout(w, "strided"), with_layout(b, "offset"),
+                     with_layout(h, "transposed"), with_layout(c, "strided")),
+                )
+                for grads in ((gs[0], None, None), (None, gs[1], None), (None, None, gs[2]),
+                              (None, None, None)):
+                    torch.library.opcheck(seq_backward, (*grads, x, w, h, c, outputs, gates, cells, False))
+                empty = make_args(0, 3, 2, 4, dtype=dtype, device=device)
+                torch.library.opcheck(seq_forward, tuple(t.clone().requires_grad_() for t in empty))
+
+    def bad_inputs(self, device):
+        def args(**replace):
+            a = dict(zip(("input", "weights", "bias", "old_h", "old_cell"),
+                         make_args(5, 16, 32, 128, device=device)))
+            a.update(replace)
+            return a
+
+        def call(**replace):
+            return lambda: lltm_sequence(**args(**replace))
+
+        other = "meta" if device == "cpu" else "cpu"
+        this = "cpu" if device == "cpu" else r"cuda:\d+"
+        f32 = dict(device=device)
+
+        def z(*shape, dtype=torch.float32, device=device):
+            return torch.zeros(*shape, dtype=dtype, device=device)
+
+        good = make_args(2, 4, 3, 5, device=device)
+        return [
+            BadInput("bias shape", call(bias=torch.zeros(10, **f32)),
+                     rf"^{OP}: argument 'bias' must have shape \[384\], got \[10\]$"),
+            BadInput("weights shape", call(weights=torch.zeros(384, 128, **f32)),
+                     rf"{OP}: argument 'weights' must have shape \[384, 160\], got \[384, 128\]"),
+            BadInput("old_h batch", call(old_h=torch.zeros(15, 128, **f32)),
+                     rf"{OP}: argument 'old_h' must have shape \[16, \*\], got \[15, 128\]"),
+            BadInput("old_cell state", call(old_cell=torch.zeros(16, 127, **f32)),
+                     rf"{OP}: argument 'old_cell' must have shape \[16, 128\], got \[16, 127\]"),
+            BadInput("input 2-D (one step)", call(input=torch.zeros(16, 32, **f32)),
+                     rf"{OP}: argument 'input' must have shape \[\*, \*, \*\], got \[16, 32\]"),
+            BadInput("input batch", call(input=torch.zeros(5, 15, 32, **f32)),
+                     rf"{OP}: argument 'old_h' must have shape \[15, \*\], got \[16, 128\]"),
+            BadInput("weights dtype", call(weights=torch.zeros(384, 160, dtype=torch.float64, device=device)),
+                     rf"{OP}: arguments 'input' and 'weights' must have the same dtype, got float32 and float64"),
+            BadInput("integer input", lambda: lltm_sequence(*(t.long() for t in good)),
+                     rf"{OP}: argument 'input' must be a floating-point tensor .*got int64"),
+            BadInput("old_cell device", call(old_cell=torch.zeros(16, 128, device=other)),
+                     rf"{OP}: arguments 'input' and 'old_cell' must be on the same device, got {this} and {other}"),
+            BadInput("None", call(old_h=None), rf"{OP}: argument 'old_h' must be a tensor, got NoneType",
+                     TypeError),
+            # The registered ops check their own arguments (C++ kernels).
+            BadInput("sequence_forward weights shape",
+                     lambda: seq_forward(z(2, 4, 3), z(15, 7), z(15), z(4, 5), z(4, 5)),
+                     r"lltm_op.sequence_forward: argument 'weights' must have shape \[15, 8\], got \[15, 7\]"),
+            BadInput("sequence_forward dtype",
+                     lambda: seq_forward(z(2, 4, 3), z(15, 8), z(15), z(4, 5, dtype=torch.float64), z(4, 5)),
+                     r"lltm_op.sequence_forward: arguments 'input' and 'old_h' must have the same dtype, "
+                     r"got float32 and float64"),
+            BadInput("sequence_forward int",
+                     lambda: seq_forward(z(2, 4, 3, dtype=torch.int32), z(15, 8), z(15), z(4, 5), z(4, 5)),
+                     r"lltm_op.sequence_forward: argument 'input' must be a floating-point tensor"),
+            BadInput("sequence_forward device",
+                     lambda: seq_forward(z(2, 4, 3), z(15, 8), z(15, device=other), z(4, 5), z(4, 5)),
+                     rf"lltm_op.sequence_forward: arguments 'input' and 'bias' must be on the same device, "
+                     rf"got {this} and {other}"),
+            BadInput("sequence_backward grad shape",
+                     lambda: seq_backward(z(2, 4, 4), None, None, z(2, 4, 3), z(15, 8), z(4, 5), z(4, 5),
+                                          z(2, 4, 5), z(2, 4, 15), z(2, 4, 5), True),
+                     r"lltm_op.sequence_backward: argument 'grad_outputs' must have shape \[2, 4, 5\], "
+                     r"got \[2, 4, 4\]"),
+            BadInput("sequence_backward gates shape",
+                     lambda: seq_backward(None, None, None, z(2, 4, 3), z(15, 8), z(4, 5), z(4, 5),
+                                          z(2, 4, 5), z(2, 4, 5), z(2, 4, 5), True),
+                     r"lltm_op.sequence_backward: argument 'gates' must have shape \[2, 4, 15\]"),
+            # 3 * S overflows int64: a batch of 0 rows makes old_h that wide.
+            BadInput("state size overflows",
+                     lambda: seq_forward(z(2, 0, 3), z(0, 8), z(0), z(0, 2**62), z(0, 2**62)),
+                     r"lltm_op.sequence_forward: the state size is too large"),
+        ]
+
+
+# -- every gradient, float64, against the loop of pure cells ------------------------------
+
+
+def check_against_reference(args, grads_for=("outputs", "h_n", "c_n"), tol=None, generator=None):
+    tol = tol or {}
+    args = [t.detach().clone().requires_grad_() for t in args]
+    ref_args = [t.detach().clone().requires_grad_() for t in args]
+    out = flat(lltm_sequence(*args))
+    ref = flat(reference(*ref_args))
+    for o, r in zip(out, ref):
+        torch.testing.assert_close(o, r, **tol)
+    names = ("outputs", "h_n", "c_n")
+    pairs = [(o, r, torch.randn(r.shape, dtype=r.dtype, generator=generator).to(r.device))
+             for name, o, r in zip(names, out, ref) if name in grads_for]
+    got = torch.autograd.grad([p[0] for p in pairs], args, [p[2] for p in pairs], allow_unused=True)
+    want = torch.autograd.grad([p[1] for p in pairs], ref_args, [p[2] for p in pairs], allow_unused=True)
+    for name, g, w, a in zip(("input", "weights", "bias", "old_h", "old_cell"), got, want, args):
+        w = torch.zeros_like(a) if w is None else w
+        g = torch.zeros_like(a) if g is None else g
+        torch.testing.assert_close(g, w, msg=lambda m: f"grad of {name}: {m}", **tol)
+
+
+SIZES = [(1, 1, 1, 1), (2, 3, 4, 5), (7, 4, 3, 6), (5, 2, 0, 4), (9, 1, 2, 3), (4, 5, 6, 33)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("size", SIZES, ids=str)
+def test_every_gradient_float64(device, size):
+    device = need(device)
+    gen = torch.Generator().manual_seed(sum(size))
+    args = make_args(*size, dtype=torch.float64, device=device, generator=gen)
+    check_against_reference(args, generator=gen)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("grads_for", [("outputs",), ("h_n",), ("c_n",), ("h_n", "c_n"), ("outputs", "c_n")],
+                         ids=str)
+def test_gradients_through_each_output(device, grads_for):
+    """Only some of outputs, h_n, c_n used: the others' gradients are absent."""
+    device = need(device)
+    gen = torch.Generator().manual_seed(len(grads_for))
+    check_against_reference(make_args(5, 3, 4, 6, dtype=torch.float64, device=device, generator=gen),
+                            grads_for=grads_for, generator=gen)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("chunks", [1, 2, 3, 5, 100])
+def test_backward_in_chunks(device, chunks):
+    """The backward holds dG for ceil(T / chunks) steps at a time: any chunk
+    count gives the same gradients."""
+    device = need(device)
+    gen = torch.Generator().manual_seed(chunks)
+    with env(LLTM_OP_SEQUENCE_CHUNKS=chunks):
+        check_against_reference(make_args(7, 3, 4, 5, dtype=torch.float64, device=device, generator=gen),
+                                generator=gen)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("T, B, F, S", [(0, 3, 4, 5), (4, 0, 3, 5), (3, 2, 4, 0)])
+def test_empty_sequences_have_gradients(device, T, B, F, S):
+    """T = 0: the final state is the initial one (a copy), its gradient goes
+    straight to old_h / old_cell and the weights get zeros; B = 0, S = 0:
+    empty results and zero gradients."""
+    device = need(device)
+    args = [t.requires_grad_() for t in make_args(T, B, F, S, dtype=torch.float64, device=device)]
+    outputs, (h_n, c_n) = lltm_sequence(*args)
+    assert outputs.shape == (T, B, S) and h_n.shape == c_n.shape == (B, S)
+    if T == 0:
+        torch.testing.assert_close(h_n, args[3])
+        torch.testing.assert_close(c_n, args[4])
+        assert h_n.data_ptr() != args[3].data_ptr() or h_n.numel() == 0
+    gh, gc = torch.randn_like(h_n), torch.randn_like(c_n)
+    grads = torch.autograd.grad((outputs.sum() + (h_n * gh).sum() + (c_n * gc).sum()), args)
+    for g, a in zip(grads, args):
+        assert g.shape == a.shape
+    if T == 0:
+        torch.testing.assert_close(grads[3], gh)
+        torch.testing.assert_close(grads[4], gc)
+        assert grads[1].abs().sum() == 0 and grads[2].abs().sum() == 0
+    if B == 0 or S == 0:
+        assert all(g.abs().sum() == 0 for g in grads)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_norm_error_against_float64(device, dtype):
+    """||out - ref|| / ||ref|| of every output and gradient against the loop
+    of pure cells in float64 on the same (rounded) values, over 24 steps."""
+    device = need(device)
+    if device == "cpu" and dtype == torch.float16:
+        pytest.skip("float16 matrix products on the CPU are slow; covered on CUDA")
+    limit = {torch.float64: 1e-12, torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 3e-2}[dtype]
+    gen = torch.Generator().manual_seed(3)
+    args = [t.requires_grad_() for t in make_args(24, 8, 16, 32, dtype=dtype, device=device, generator=gen)]
+    ref_args = [t.detach().double().requires_grad_() for t in args]
+    out = flat(lltm_sequence(*args))
+    ref = flat(reference(*ref_args))
+    grads = [torch.randn(r.shape, dtype=torch.float64, generator=gen).to(device) for r in ref]
+    torch.autograd.backward(out, [g.to(dtype) for g in grads])
+    torch.autograd.backward(ref, grads)
+    for name, o, r in zip(("outputs", "h_n", "c_n"), out, ref):
+        assert o.dtype == dtype
+        assert rel_err(o, r) <= limit, name
+    for name, a, r in zip(("input", "weights", "bias", "old_h", "old_cell"), args, ref_args):
+        assert a.grad.dtype == dtype
+        assert rel_err(a.grad, r.grad) <= limit, f"grad of {name}"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_long_sequence_float32(device):
+    device = need(device)
+    gen = torch.Generator().manual_seed(5)
+    args = make_args(200, 4, 3, 8, dtype=torch.float32, device=device, generator=gen)
+    args = [t.requires_grad_() for t in args]
+    out = flat(lltm_sequence(*args))
+    ref_args = [t.detach().double().requires_grad_() for t in args]
+    ref = flat(reference(*ref_args))
+    sum(o.sum() for o in out).backward()
+    sum(r.sum() for r in ref).backward()
+    for o, r in zip(out, ref):
+        assert rel_err(o, r) < 1e-5
+    for a, r in zip(args, ref_args):
+        assert rel_err(a.grad, r.grad) < 1e-5
+
+
+# -- one autograd node, what it saves, what it refuses -------------------------------------
+
+
+def test_one_autograd_node_for_the_whole_sequence():
+    args = [t.requires_grad_() for t in make_args(6, 2, 3, 4)]
+    outputs, (h_n, c_n) = lltm_sequence(*args)
+    node = outputs.grad_fn
+    assert h_n.grad_fn is node and c_n.grad_fn is node
+    # its inputs are the five leaves directly
+    nexts = [n for n, _ in node.next_functions if n is not None]
+    assert len(nexts) == 5 and all(type(n).__name__ == "AccumulateGrad" for n in nexts)
+
+
+def test_saves_only_what_the_backward_needs():
+    """input, weights, old_h, old_cell (the caller's tensors), the outputs,
+    and the pre-activations [T, B, 3S] and cell states [T, B, S]; nothing
+    per step."""
+    T, B, F, S = 5, 3, 4, 6
+    args = [t.requires_grad_() for t in make_args(T, B, F, S)]
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        outputs, _ = lltm_sequence(*args)
+    shapes = sorted(tuple(t.shape) for t in saved)
+    assert shapes == sorted([(T, B, F), (3 * S, S + F), (B, S), (B, S), (T, B, S), (T, B, 3 * S),
+                             (T, B, S)]), shapes
+    for arg in (args[0], args[1], args[3], args[4]):
+        assert any(t.data_ptr() == arg.data_ptr() for t in saved)
+    assert any(t.data_ptr() == outputs.data_ptr() for t in saved)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_double_backward_is_refused(device):
+    device = need(device)
+    args = [t.requires_grad_() for t in make_args(3, 2, 3, 4, dtype=torch.float64, device=device)]
+    outputs, (h_n, c_n) = lltm_sequence(*args)
+    with pytest.raises(RuntimeError, match=rf"{OP}: double backward is not supported"):
+        torch.autograd.grad(outputs.sum() + h_n.sum(), args, create_graph=True)
+    with pytest.raises(RuntimeError, match=rf"{OP}: double backward is not supported"):
+        torch.autograd.gradgradcheck(lambda *a: flat(lltm_sequence(*a)), args)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_forward_ad_is_refused(device):
+    device = need(device)
+    import torch.autograd.forward_ad as fwAD
+
+    args = make_args(3, 2, 3, 4, dtype=torch.float64, device=device)
+    with fwAD.dual_level():
+        x = fwAD.make_dual(args[0], torch.randn_like(args[0]))
+        with pytest.raises(RuntimeError, match=rf"{OP}: forward-mode AD"):
+            lltm_sequence(x, *args[1:])
+    with pytest.raises(RuntimeError, match=rf"{OP}: forward-mode AD"):
+        torch.func.jvp(lambda w: lltm_sequence(args[0], w, *args[2:])[0], (args[1],),
+                       (torch.randn_like(args[1]),))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_in_place_updates(device):
+    """The final state is the caller's to overwrite (gradients stay right);
+    overwriting a tensor the backward needs (the outputs, old_h) is refused
+    by autograd's version check, never silently wrong."""
+    device = need(device)
+    args = make_args(4, 3, 2, 5, dtype=torch.float64, device=device)
+    a = [t.clone().requires_grad_() for t in args]
+    r = [t.clone().requires_grad_() for t in args]
+    outputs, (h_n, c_n) = lltm_sequence(*a)
+    ref_out, (ref_h, ref_c) = reference(*r)
+    for h, c in ((h_n, c_n), (ref_h, ref_c)):
+        h.mul_(2)
+        c.add_(1)
+    (outputs.sum() + h_n.pow(2).sum() + c_n.pow(2).sum()).backward()
+    (ref_out.sum() + ref_h.pow(2).sum() + ref_c.pow(2).sum()).backward()
+    for x, y in zip(a, r):
+        torch.testing.assert_close(x.grad, y.grad)
+
+    a = [t.clone().requires_grad_() for t in args]
+    outputs, (h_n, _) = lltm_sequence(*a)
+    outputs.add_(1)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        h_n.sum().backward()
+    x, w, b, h, c = (t.clone() for t in args)
+    w.requires_grad_()
+    outputs, _ = lltm_sequence(x, w, b, h, c)
+    h.zero_()
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        outputs.sum().backward()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_inputs_without_grad(device):
+    """Typical training: data and initial state need no gradient; no
+    gradient of the input is computed (input_grad=False)."""
+    device = need(device)
+    x, w, b, h, c = make_args(5, 3, 4, 6, dtype=torch.float64, device=device)
+    w.requires_grad_()
+    b.requires_grad_()
+    outputs, (h_n, c_n) = lltm_sequence(x, w, b, h, c)
+    (outputs.sum() + c_n.pow(2).sum()).backward()
+    w2, b2 = w.detach().clone().requires_grad_(), b.detach().clone().requires_grad_()
+    ro, (rh, rc) = reference(x, w2, b2, h, c)
+    (ro.sum() + rc.pow(2).sum()).backward()
+    torch.testing.assert_close(w.grad, w2.grad)
+    torch.testing.assert_close(b.grad, b2.grad)
+    with torch.no_grad():
+        out = lltm_sequence(x, w, b, h, c)
+    assert not out[0].requires_grad
+    torch.testing.assert_close(out[0], ro.detach())
+    with torch.inference_mode():
+        out = lltm_sequence(x, w, b, h, c)
+    torch.testing.assert_close(out[1][0], rh.detach())
+
+
+# -- autocast, compile, export ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_autocast_runs_like_the_pure_cell(device):
+    """Under autocast (bfloat16), float32 arguments run in bfloat16 and come
+    back in float32, as from the loop of pure cells under autocast; mixed
+    bfloat16 input / float32 weights run too."""
+    device = need(device)
+    gen = torch.Generator().manual_seed(7)
+    args = [t.requires_grad_() for t in make_args(6, 4, 8, 16, device=device, generator=gen)]
+    x_bf16 = args[0].detach().bfloat16().requires_grad_()
+    ref_args = [t.detach().double().requires_grad_() for t in args]
+    with torch.autocast(device, dtype=torch.bfloat16):
+        outputs, (h_n, c_n) = lltm_sequence(*args)
+        mixed, _ = lltm_sequence(x_bf16, *(t.detach() for t in args[1:]))
+        pure, (pure_h, pure_c) = reference(*args)
+    assert outputs.dtype == h_n.dtype == c_n.dtype == pure.dtype == pure_c.dtype == torch.float32
+    assert mixed.dtype == torch.float32
+    (outputs.sum() + h_n.square().sum() + c_n.square().sum()).backward()
+    mixed.sum().backward()
+    ref, (ref_h, ref_c) = reference(*ref_args)
+    (ref.sum() + ref_h.square().sum() + ref_c.square().sum()).backward()
+    for o, r in ((outputs, ref), (h_n, ref_h), (c_n, ref_c), (mixed, ref)):
+        assert rel_err(o, r) < 3e-2
+    for a, r in zip(args, ref_args):
+        assert a.grad.dtype == torch.float32
+        assert rel_err(a.grad, r.grad) < 5e-2
+    assert x_bf16.grad.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_module_compiles_fullgraph_with_backward(device):
+    device = need(device)
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    m = LLTMSequence(6, 10).to(device)
+    x = torch.randn(5, 3, 6, device=device)
+    h, c = torch.randn(3, 10, device=device), torch.randn(3, 10, device=device)
+
+    def loss_of(x, h, c):
+        outputs, (h_n, c_n) = m(x, (h, c))
+        return outputs.square().sum() + h_n.sum() + c_n.square().sum()
+
+    compiled = torch.compile(loss_of, fullgraph=True)
+    loss = compiled(x, h, c)
+    loss.backward()
+    got = [p.grad.clone() for p in m.parameters()]
+    m.zero_grad()
+    want = loss_of(x, h, c)
+    want.backward()
+    torch.testing.assert_close(loss, want)
+    for g, p in zip(got, m.parameters()):
+        torch.testing.assert_close(g, p.grad)
+
+
+@pytest.mark.parametrize("strict", [True, False])
+def test_export_keeps_the_custom_op(strict):
+    m = LLTMSequence(5, 8)
+
+    class Run(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.seq = m
+
+        def forward(self, x, h, c):
+            outputs, (h_n, c_n) = self.seq(x, (h, c))
+            return outputs, h_n, c_n
+
+    x, h, c = torch.randn(4, 3, 5), torch.randn(3, 8), torch.randn(3, 8)
+    ep = torch.export.export(Run(), (x, h, c), strict=strict)
+    targets = [n.target for n in ep.graph.nodes if n.op == "call_function"]
+    assert seq_forward in targets
+    for got, want in zip(ep.module()(x, h, c), flat(reference(x, m.weights, m.bias, h, c))):
+        torch.testing.assert_close(got, want)
+
+
+# -- the module ------------------------------------------------------------------------------
+
+
+def test_a_trained_cell_drops_in():
+    """LLTMSequence.from_cell and a cell's state_dict give the same results
+    (and gradients) as the cell run step by step with lltm_op.lltm."""
+    torch.manual_seed(0)
+    cell = LLTM(7, 12)
+    with torch.no_grad():
+        for p in cell.parameters():
+            p.add_(torch.randn_like(p) * 0.1)  # "trained"
+    seq = LLTMSequence.from_cell(cell)
+    assert seq.weights is cell.weights and seq.bias is cell.bias
+    loaded = LLTMSequence(7, 12)
+    loaded.load_state_dict(cell.state_dict())
+    x = torch.randn(9, 4, 7)
+    h0, c0 = torch.randn(4, 12), torch.randn(4, 12)
+    h, c, outs = h0, c0, []
+    for t in range(9):
+        h, c = cell(x[t], (h, c))
+        outs.append(h)
+    loop = torch.stack(outs)
+    (loop.sum() + c.sum()).backward()
+    want = [p.grad.clone() for p in cell.parameters()]
+    cell.zero_grad()
+    for m in (seq, loaded):
+        outputs, (h_n, c_n) = m(x, (h0, c0))
+        torch.testing.assert_close(outputs, loop)
+        torch.testing.assert_close(h_n, h)
+        torch.testing.assert_close(c_n, c)
+    outputs, (_, c_n) = seq(x, (h0, c0))
+    (outputs.sum() + c_n.sum()).backward()
+    for g, p in zip(want, cell.parameters()):
+        torch.testing.assert_close(p.grad, g)
+    zero_state, _ = seq(x)
+    torch.testing.assert_close(zero_state, flat(reference(x, cell.weights, cell.bias, 0 * h0, 0 * c0))[0])
+    assert "input_features=7, state_size=12" in repr(loaded)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_short_training_loop_loss_falls(device):
+    device = need(device)
+    torch.manual_seed(0)
+    T, B, F, S = 6, 32, 8, 16
+    seq = LLTMSequence(F, S).to(device)
+    head = torch.nn.Linear(S, 1).to(device)
+    opt = torch.optim.Adam([*seq.parameters(), *head.parameters()], lr=1e-2)
+    xs = torch.randn(T, B, F, device=device)
+    target = torch.randn(B, 1, device=device).clamp(-1.5, 1.5)
+    losses = []
+    for _ in range(120):
+        _, (h_n, _) = seq(xs)
+        loss = torch.nn.functional.mse_loss(head(h_n), target)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert all(math.isfinite(v) for v in losses)
+    assert losses[-1] < 0.2 * losses[0], (losses[0], losses[-1])
+
+
+# -- CUDA: both step paths, graphs, memory ----------------------------------------------------
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("fused", ["0", "1"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("size", [(5, 3, 4, 6), (3, 7, 5, 33), (4, 70, 9, 40), (2, 5, 3, 130), (3, 1, 2, 1)],
+                         ids=str)
+def test_cuda_paths_match_the_reference(fused, dtype, size):
+    """The fused step kernels and the cuBLAS path, forced, on sizes off every
+    block width (S = 33, 130; B = 70 past 64 rows), against float64."""
+    need("cuda")
+    gen = torch.Generator().manual_seed(sum(size))
+    limit = {torch.float64: 1e-12, torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 3e-2}[dtype]
+    with env(LLTM_OP_SEQUENCE_FUSED=fused, LLTM_OP_SEQUENCE_CHUNKS=2):
+        args = [t.requires_grad_() for t in make_args(*size, dtype=dtype, device="cuda", generator=gen)]
+        ref_args = [t.detach().double().cpu().requires_grad_() for t in args]
+        out = flat(lltm_sequence(*args))
+        ref = flat(reference(*ref_args))
+        grads = [torch.randn(r.shape, dtype=torch.float64, generator=gen) for r in ref]
+        torch.autograd.backward(out, [g.to("cuda", dtype) for g in grads])
+        torch.autograd.backward(ref, grads)
+    for name, o, r in zip(("outputs", "h_n", "c_n"), out, ref):
+        assert rel_err(o.cpu(), r) <= limit, name
+    for name, a, r in zip(("input", "weights", "bias", "old_h", "old_cell"), args, ref_args):
+        assert rel_err(a.grad.cpu(), r.grad) <= limit, f"grad of {name}"
+
+
+@pytest.mark.cuda
+def test_cuda_paths_agree_with_the_cpu():
+    need("cuda")
+    args = make_args(12, 20, 16, 48, dtype=torch.float64)
+    cpu = [t.requires_grad_() for t in (a.clone() for a in args)]
+    out_cpu = flat(lltm_sequence(*cpu))
+    sum((o * (i + 1)).sum() for i, o in enumerate(out_cpu)).backward()
+    for fused in ("0", "1"):
+        with env(LLTM_OP_SEQUENCE_FUSED=fused):
+            gpu = [t.cuda().requires_grad_() for t in args]
+            out = flat(lltm_sequence(*gpu))
+            sum((o * (i + 1)).sum() for i, o in enumerate(out)).backward()
+        for o, w in zip(out, out_cpu):
+            torch.testing.assert_close(o.cpu(), w.detach())
+        for a, w in zip(gpu, cpu):
+            torch.testing.assert_close(a.grad.cpu(), w.grad)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("fused", ["0", "1"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_cuda_graph_captures_forward_and_backward(fused, dtype):
+    need("cuda")
+    T, B, F, S = 8, 16, 32, 128
+    tol = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}
+    with env(LLTM_OP_SEQUENCE_FUSED=fused):
+        static = [t.requires_grad_() for t in make_args(T, B, F, S, dtype=dtype, device="cuda")]
+        grads = [torch.randn(s, device="cuda", dtype=dtype) for s in ((T, B, S), (B, S), (B, S))]
+
+        def step(*a):
+            out = flat(lltm_sequence(*a))
+            torch.autograd.backward(out, grads)
+            return out
+
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                for t in static:
+                    t.grad = None
+                step(*static)
+        torch.cuda.current_stream().wait_stream(side)
+        for t in static:
+            t.grad = None
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_out = step(*static)
+        for seed in range(3):
+            values = make_args(T, B, F, S, dtype=dtype, device="cuda", generator=torch.Generator().manual_seed(seed))
+            with torch.no_grad():
+                for s, v in zip(static, values):
+                    s.copy_(v)
+            graph.replay()
+            torch.cuda.synchronize()
+            got = [o.detach().clone() for o in static_out] + [t.grad.clone() for t in static]
+            fresh = [v.clone().requires_grad_() for v in values]
+            want = [o.detach() for o in step(*fresh)] + [t.grad for t in fresh]
+            for g, w in zip(got, want):
+                torch.testing.assert_close(g, w, **tol)
+
+
+@pytest.mark.cuda
+def test_cuda_compile_reduce_overhead():
+    need("cuda")
+    torch._dynamo.reset()
+    args = make_args(6, 8, 12, 32, device="cuda")
+    compiled = torch.compile(lambda *a: flat(lltm_sequence(*a)), mode="reduce-overhead", fullgraph=True)
+    for _ in range(4):
+        a = [t.clone().requires_grad_() for t in args]
+        out = compiled(*a)
+        sum(o.sum() for o in out).backward()
+        b = [t.clone().requires_grad_() for t in args]
+        want = flat(lltm_sequence(*b))
+        sum(o.sum() for o in want).backward()
+        for x, y in zip([o.detach().clone() for o in out] + [t.grad for t in a],
+                        [o.detach() for o in want] + [t.grad for t in b]):
+            torch.testing.assert_close(x, y)
+
+
+def loop_of_cells(x, w, b, h, c):
+    outs = []
+    for t in range(x.shape[0]):
+        h, c = lltm(x[t], w, b, h, c)
+        outs.append(h)
+    return torch.stack(outs), (h, c)
+
+
+def peak_bytes(fn, *args) -> int:
+    import gc
+
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    out = fn(*args)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    del out
+    return peak
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("size", [(64, 16, 32, 128), (32, 64, 128, 256)], ids=str)
+def test_cuda_peak_memory_at_most_the_loop_of_cells(size):
+    """One forward+backward (gradients to all five arguments) of the fused
+    sequence allocates at peak no more than the loop of lltm_op cells."""
+    need("cuda")
+    T, B, F, S = size
+    args = [t.requires_grad_() for t in make_args(*size, device="cuda")]
+    grads = [torch.randn(T, B, S, device="cuda"), torch.randn(B, S, device="cuda"), torch.randn(B, S, device="cuda")]
+
+    def run(fn):
+        def f():
+            return torch.autograd.grad(flat(fn(*args)), args, grads)
+        return f
+
+    ours = peak_bytes(run(lltm_sequence))
+    loop = peak_bytes(run(loop_of_cells))
+    assert ours <= loop, (ours, loop)
+
+
+@pytest.mark.cuda
+def test_cuda_follows_the_current_stream_without_syncs():
+    need("cuda")
+    args = [t.requires_grad_() for t in make_args(6, 8, 12, 32, device="cuda")]
+    want = flat(lltm_sequence(*args))
+    want_grads = torch.autograd.grad(want, args, [torch.ones_like(o) for o in want])
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.cuda.stream(side):
+            got = flat(lltm_sequence(*args))
+            got_grads = torch.autograd.grad(got, args, [torch.ones_like(o) for o in got])
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    for g, w in zip([*got, *got_grads], [*want, *want_grads]):
+        torch.testing.assert_close(g, w)
