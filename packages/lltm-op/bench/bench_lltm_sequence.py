@@ -1,0 +1,226 @@
+"""The LLTM over whole sequences: lltm_op.lltm_sequence against a loop of
+lltm_op cells, a loop of pure-PyTorch cells, torch.compile of that loop and
+nn.LSTM (cuDNN) of the same sizes.
+
+    python bench/bench_lltm_sequence.py [--out DIR] [--quick] [--no-compile] [--repeat N]
+
+Forward+backward of a whole sequence (gradients of outputs, h_n and c_n,
+random, with respect to input, weights, bias, h_0 and c_0; nn.LSTM: input,
+h_0, c_0 and its four parameters), synchronized wall time per call, median,
+all variants of a size timed in alternating rounds in one process. Also the
+peak GPU memory of one forward+backward of each, above its inputs.
+
+float32 matrix products: torch's default is full float32 (cuBLAS without
+TF32, `torch.backends.cuda.matmul.allow_tf32=False`) while cuDNN's default
+for nn.LSTM is TF32 (`torch.backends.cudnn.allow_tf32=True`). At float32 the
+table therefore also has lltm_sequence with TF32 matrix products and nn.LSTM
+without TF32, so each comparison is made at one precision.
+
+At the small size, lltm_sequence's two CUDA step paths are also timed on
+their own (LLTM_OP_SEQUENCE_FUSED=1 / 0).
+
+--quick: tiny sizes on the CPU, a smoke run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+from pathlib import Path
+
+import torch
+
+import lltm_op
+from lltm_op import lltm, lltm_reference, lltm_sequence
+from lltm_op._runtime import BUILD_INFO
+from opscommon.bench import interleaved_wall_times_us
+
+SIZES = [((64, 16, 32, 128), torch.float32), ((32, 256, 512, 1024), torch.float32),
+         ((32, 256, 512, 1024), torch.bfloat16)]
+QUICK_SIZES = [((8, 4, 8, 16), torch.float32), ((4, 8, 16, 32), torch.bfloat16)]
+
+OURS = "lltm_sequence"
+OURS_TF32 = "lltm_sequence, TF32"
+OURS_FUSED = "lltm_sequence, fused path"
+OURS_CUBLAS = "lltm_sequence, cuBLAS path"
+CELLS = "loop of lltm_op cells"
+PURE = "loop of pure cells"
+COMPILED = "torch.compile(loop)"
+LSTM = "nn.LSTM (cuDNN)"
+LSTM_NO_TF32 = "nn.LSTM (cuDNN), no TF32"
+
+
+def loop_of(cell):
+    def run(x, w, b, h, c):
+        outs = []
+        for t in range(x.shape[0]):
+            h, c = cell(x[t], w, b, h, c)
+            outs.append(h)
+        return torch.stack(outs), h, c
+
+    return run
+
+
+def sequence(x, w, b, h, c):
+    outputs, (h_n, c_n) = lltm_sequence(x, w, b, h, c)
+    return outputs, h_n, c_n
+
+
+def with_flags(fn, *, tf32=None, cudnn_tf32=None, fused=None):
+    """fn run with torch's TF32 flags / the sequence path set, then restored."""
+    def run():
+        old = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+               os.environ.get("LLTM_OP_SEQUENCE_FUSED"))
+        if tf32 is not None:
+            torch.backends.cuda.matmul.allow_tf32 = tf32
+        if cudnn_tf32 is not None:
+            torch.backends.cudnn.allow_tf32 = cudnn_tf32
+        if fused is not None:
+            os.environ["LLTM_OP_SEQUENCE_FUSED"] = fused
+        try:
+            return fn()
+        finally:
+            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old[:2]
+            if fused is not None:
+                if old[2] is None:
+                    os.environ.pop("LLTM_OP_SEQUENCE_FUSED", None)
+                else:
+                    os.environ["LLTM_OP_SEQUENCE_FUSED"] = old[2]
+
+    return run
+
+
+def peak_mib(fn, device) -> float | None:
+    if device != "cuda":
+        return None
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    out = fn()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    del out
+    return peak / 2**20
+
+
+def make_inputs(T, B, F, S, dtype, device, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    stdv = 1.0 / S**0.5
+    f32 = dict(generator=gen, dtype=torch.float32)
+    args = [
+        torch.randn(T, B, F, **f32),
+        (torch.rand(3 * S, S + F, **f32) * 2 - 1) * stdv,
+        (torch.rand(3 * S, **f32) * 2 - 1) * stdv,
+        torch.randn(B, S, **f32),
+        torch.randn(B, S, **f32),
+    ]
+    args = [a.to(device=device, dtype=dtype).requires_grad_() for a in args]
+    grads = [torch.randn(T, B, S, **f32), torch.randn(B, S, **f32), torch.randn(B, S, **f32)]
+    return args, [g.to(device=device, dtype=dtype) for g in grads]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default=None, help="folder for lltm_sequence.md / .json")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes on the CPU (smoke run)")
+    parser.add_argument("--no-compile", action="store_true", help="skip torch.compile(loop)")
+    parser.add_argument("--repeat", type=int, default=None, help="timed rounds per size")
+    args = parser.parse_args()
+    device = "cuda" if torch.cuda.is_available() and not args.quick else "cpu"
+    sizes = QUICK_SIZES if device == "cpu" else SIZES
+    repeat = args.repeat or (5 if device == "cpu" else 60)
+
+    name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    build = f"CUDA {BUILD_INFO['cuda']}" if BUILD_INFO.get("cuda") else "CPU"
+    header = (f"device: {name}; torch {torch.__version__} (CUDA {torch.version.cuda}, cuDNN "
+              f"{torch.backends.cudnn.version()}); lltm_op {lltm_op.__version__} ({build} build)")
+    print(header, flush=True)
+
+    results = []
+    for (T, B, F, S), dtype in sizes:
+        dname = str(dtype).replace("torch.", "")
+        label = f"T{T} B{B} F{F} S{S} {dname}"
+        inputs, grads = make_inputs(T, B, F, S, dtype, device)
+        lstm = torch.nn.LSTM(F, S).to(device=device, dtype=dtype)
+        h0, c0 = (t.detach().unsqueeze(0).requires_grad_() for t in inputs[3:])
+        lstm_inputs = [inputs[0], h0, c0, *lstm.parameters()]
+        lstm_grads = [grads[0], grads[1].unsqueeze(0), grads[2].unsqueeze(0)]
+
+        def fwd_bwd(fn):
+            return lambda: torch.autograd.grad(fn(*inputs), inputs, grads)
+
+        def lstm_fwd_bwd():
+            out, (h_n, c_n) = lstm(inputs[0], (h0, c0))
+            return torch.autograd.grad((out, h_n, c_n), lstm_inputs, lstm_grads)
+
+        variants = {
+            OURS: fwd_bwd(sequence),
+            CELLS: fwd_bwd(loop_of(lltm)),
+            PURE: fwd_bwd(loop_of(lltm_reference)),
+        }
+        if not args.no_compile:
+            compiled = torch.compile(loop_of(lltm_reference), fullgraph=True, dynamic=False)
+            variants[COMPILED] = fwd_bwd(compiled)
+        variants[LSTM] = lstm_fwd_bwd
+        if device == "cuda" and dtype == torch.float32:
+            variants[OURS_TF32] = with_flags(fwd_bwd(sequence), tf32=True)
+            variants[LSTM_NO_TF32] = with_flags(lstm_fwd_bwd, cudnn_tf32=False)
+        if device == "cuda" and (T, B, F, S) == (64, 16, 32, 128):
+            variants[OURS_FUSED] = with_flags(fwd_bwd(sequence), fused="1")
+            variants[OURS_CUBLAS] = with_flags(fwd_bwd(sequence), fused="0")
+        # Correctness of what is timed, once: ours against the loop of cells.
+        got = variants[OURS]()
+        want = variants[CELLS]()
+        worst = max(((g.double() - w.double()).norm() / w.double().norm().clamp_min(1e-30)).item()
+                    for g, w in zip(got, want))
+        del got, want
+        print(f"{label}: compiling/warming up {len(variants)} variants "
+              f"(lltm_sequence vs loop of cells, worst gradient rel. diff {worst:.2e})", flush=True)
+        times = interleaved_wall_times_us(variants, warmup=3, repeat=repeat)
+        memory = {v: peak_mib(fn, device) for v, fn in variants.items()}
+        row = {"size": label, "T": T, "B": B, "F": F, "S": S, "dtype": dname, "worst_rel_diff": worst,
+               "ms": {v: t / 1e3 for v, t in times.items()}, "peak_mib": memory}
+        results.append(row)
+        for v in variants:
+            mem = "" if memory[v] is None else f"  peak {memory[v]:8.1f} MiB"
+            print(f"  {v:32s} {times[v] / 1e3:9.3f} ms{mem}", flush=True)
+        del variants, inputs, grads, lstm
+        gc.collect()
+
+    columns = [OURS, CELLS, PURE, COMPILED, LSTM, OURS_TF32, LSTM_NO_TF32, OURS_FUSED, OURS_CUBLAS]
+    columns = [c for c in columns if any(c in r["ms"] for r in results)]
+    lines = ["| T, B, F, S, dtype | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
+    for r in results:
+        cells = [f"{r['ms'][c]:.3f} ms" if c in r["ms"] else "-" for c in columns]
+        lines.append(f"| {r['size']} | " + " | ".join(cells) + " |")
+    lines += ["", "ratios (same run):", ""]
+    for r in results:
+        ms, mem = r["ms"], r["peak_mib"]
+        parts = [f"vs {LSTM}: {ms[OURS] / ms[LSTM]:.2f}x", f"vs {CELLS}: {ms[OURS] / ms[CELLS]:.3f}x"]
+        if OURS_TF32 in ms:
+            parts.append(f"TF32 vs {LSTM}: {ms[OURS_TF32] / ms[LSTM]:.2f}x")
+            parts.append(f"vs {LSTM_NO_TF32}: {ms[OURS] / ms[LSTM_NO_TF32]:.2f}x")
+        if mem.get(OURS) is not None:
+            parts.append(f"peak memory vs {CELLS}: {mem[OURS]:.1f} / {mem[CELLS]:.1f} MiB = "
+                         f"{mem[OURS] / mem[CELLS]:.2f}x")
+        lines.append(f"- {r['size']}: " + "; ".join(parts))
+    table = "\n".join(lines)
+    print()
+    print(table)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        tf32 = (f"float32 matmul TF32 default: torch.backends.cuda.matmul.allow_tf32="
+                f"{torch.backends.cuda.matmul.allow_tf32}, torch.backends.cudnn.allow_tf32="
+                f"{torch.backends.cudnn.allow_tf32}")
+        (out / "lltm_sequence.md").write_text(f"{header}\n\n{tf32}\n\nforward+backward of a whole "
+                                              f"sequence, synchronized wall time, median\n\n{table}\n")
+        (out / "lltm_sequence.json").write_text(json.dumps({"header": header, "results": results}, indent=1))
+        print(f"wrote {out / 'lltm_sequence.md'}")
+
+
+if __name__ == "__main__":
+    main()
