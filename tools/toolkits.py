@@ -27,6 +27,7 @@ import contextlib
 import glob
 import json
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -138,7 +139,7 @@ class DebianSource:
     components: tuple[str, ...]
     packages: tuple[tuple[str, str], ...]  # (name, exact version)
     keyring: str = DEBIAN_KEYRING
-    arch: str = "amd64"
+    arch: str = "amd64"  # NVIDIA's x86_64 binaries, Debian's x86_64-linux-gnu layout
 
     @property
     def pins(self) -> list[str]:
@@ -174,7 +175,6 @@ def debian_source(tk: Toolkit) -> DebianSource:
         components=tuple(components),
         packages=tuple(packages),
         keyring=x.get("keyring", DEBIAN_KEYRING),
-        arch=x.get("arch", "amd64"),
     )
 
 
@@ -242,6 +242,8 @@ def fetch_debs(src: DebianSource, workdir: Path, log: Callable[[str], None] = _l
     found, missing = cached_debs(src, debs)
     if not missing:
         return found
+    if platform.machine() not in ("x86_64", "AMD64"):
+        raise ToolkitUnavailable(f"the Debian CUDA packages of this lane are for x86_64, not {platform.machine()}")
     for tool in ("apt-get", "dpkg-deb"):
         if shutil.which(tool) is None:
             raise ToolkitUnavailable(
@@ -434,7 +436,7 @@ def _debian(tk: Toolkit, cache: Path | None) -> tuple[Path | None, str]:
         return debian_home(tk, DEFAULT_CACHE if cache is None else cache), ""
     except ToolkitUnavailable as e:
         return None, (
-            f"CUDA {tk.version} comes from Debian's packages and cannot be had here: {e}. "
+            f"CUDA {tk.version} comes from Debian's packages and cannot be had here: {str(e).rstrip('.')}. "
             f"Set CUDA_HOME to a CUDA {tk.version} toolkit, or fetch it once where the archive "
             f"can be reached (python -m tools.toolkits {tk.version})"
         )
