@@ -389,6 +389,10 @@ def cuda_compile_check(session: Any, results: Results, m: Matrix, packages: list
 
 
 def cuda_build_env(home: Path, tk: Toolkit) -> dict[str, str]:
-    """Environment of a CUDA build with toolkit ``tk`` at ``home``."""
-    return {"CUDA_HOME": str(home), "TORCH_CUDA_ARCH_LIST": os.environ.get("TORCH_CUDA_ARCH_LIST", tk.arch_list),
-            "PATH": f"{home / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"}
+    """Environment of a CUDA build with toolkit ``tk`` at ``home`` (its arch
+    list unless TORCH_CUDA_ARCH_LIST is set; its nvcc first on PATH)."""
+    env = {**toolkits.build_env(tk, home), "OPS_CUDA": "1",
+           "PATH": f"{home / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"}
+    if os.environ.get("TORCH_CUDA_ARCH_LIST"):
+        env["TORCH_CUDA_ARCH_LIST"] = os.environ["TORCH_CUDA_ARCH_LIST"]
+    return env
