@@ -211,7 +211,9 @@ inline void mm_out(const char* op, Tensor& out, const Tensor& a, const Tensor& b
   const auto err = torch_call_dispatcher("aten::mm", "out", stack.data(), TORCH_ABI_VERSION);
   OPSCOMMON_CHECK(err == AOTI_TORCH_SUCCESS, op, ": the matrix product ", opscommon::shape_str(a),
                   " @ ", opscommon::shape_str(b), " (aten::mm) failed on ",
-                  opscommon::device_str(a), " (out of memory?)");
+                  opscommon::device_str(a),
+                  "; torch printed its reason above (out of memory, or arguments that require "
+                  "grad: call the op below autograd)");
   // The returned `out` is a new handle to the same tensor: release it.
   (void)torch::stable::detail::to<Tensor>(stack[0]);
 }

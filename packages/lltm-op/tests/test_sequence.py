@@ -99,6 +99,9 @@ class TestSequenceContract(OpContract):
     grad_cases = [(3, 2, 3, 4), (1, 2, 2, 5), (4, 3, 1, 6)]
     grad_inputs = (0, 1, 2, 3, 4)
     special_values = False  # the matrix products mix every element into whole rows
+    # Reverse mode (backward, torch.func.vjp/grad/jacrev, vmap) is right;
+    # forward mode and second derivatives are refused with an error.
+    refused_derivatives = ("forward_ad", "jvp", "hessian", "double_backward")
     property_examples = 25
 
     def make_inputs(self, case, dtype, device):
@@ -379,8 +382,16 @@ def test_double_backward_is_refused(device):
     device = need(device)
     args = [t.requires_grad_() for t in make_args(3, 2, 3, 4, dtype=torch.float64, device=device)]
     outputs, (h_n, c_n) = lltm_sequence(*args)
+    # First-order gradients with create_graph=True are right (torch.func's
+    # grad and vjp build them so); differentiating them is refused.
+    grads = torch.autograd.grad(outputs.sum() + h_n.sum(), args, create_graph=True)
+    ref_args = [t.detach().clone().requires_grad_() for t in args]
+    ref_out, (ref_h, _) = reference(*ref_args)
+    for g, w in zip(grads, torch.autograd.grad(ref_out.sum() + ref_h.sum(), ref_args)):
+        torch.testing.assert_close(g, w)
+    penalty = sum(g.square().sum() for g in grads)
     with pytest.raises(RuntimeError, match=rf"{OP}: double backward is not supported"):
-        torch.autograd.grad(outputs.sum() + h_n.sum(), args, create_graph=True)
+        torch.autograd.grad(penalty, args)
     with pytest.raises(RuntimeError, match=rf"{OP}: double backward is not supported"):
         torch.autograd.gradgradcheck(lambda *a: flat(lltm_sequence(*a)), args)
 

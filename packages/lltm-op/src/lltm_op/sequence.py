@@ -137,6 +137,8 @@ def _sequence_backward_fake(grad_outputs, grad_h_n, grad_c_n, input, weights, ol
 
 # -- autograd: one node for the whole sequence -------------------------------------------
 
+_below_autograd = torch._C._AutoDispatchBelowAutograd
+
 
 def _setup_context(ctx, inputs, output) -> None:
     input, weights, _bias, old_h, old_cell = inputs
@@ -149,39 +151,89 @@ def _setup_context(ctx, inputs, output) -> None:
     ctx.set_materialize_grads(False)
 
 
-def _backward(ctx, grad_outputs, grad_h_n, grad_c_n, _grad_gates=None, _grad_cells=None):
-    if torch.is_grad_enabled():
+class _NoDoubleBackward(torch.autograd.Function):
+    """Passes the first-order gradients through (copies) when autograd builds
+    a graph of them (create_graph=True; torch.func's grad and vjp always do),
+    connected to what they depend on, and refuses to be differentiated: a
+    second derivative through lltm_sequence is an error, never a silent zero."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(count, *tensors):
+        return tuple(t.clone() for t in tensors[:count])
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def backward(ctx, *grads):
         raise RuntimeError(
-            f"{OP}: double backward is not supported: its backward is not differentiable "
-            "(backward with create_graph=True, or torch.autograd.grad(..., create_graph=True), "
-            "through lltm_sequence)"
+            f"{OP}: double backward is not supported: the gradients of lltm_sequence are not "
+            "differentiable (a second derivative, e.g. of a gradient penalty, through it)"
         )
+
+
+def _backward(ctx, grad_outputs, grad_h_n, grad_c_n, _grad_gates=None, _grad_cells=None):
     needs = ctx.needs_input_grad
     if (grad_outputs is None and grad_h_n is None and grad_c_n is None) or not any(needs):
         return None, None, None, None, None
     input, weights, old_h, old_cell, outputs, gates, cells = ctx.saved_tensors
-    d_input, d_weights, d_bias, d_old_h, d_old_cell = _seq_backward(
-        grad_outputs, grad_h_n, grad_c_n, input, weights, old_h, old_cell, outputs, gates, cells,
-        bool(needs[0]),
-    )
-    return (
+    # Below autograd: the op has no derivative of its own (its matrix
+    # products must not see tensors that require grad; see _NoDoubleBackward).
+    with _below_autograd():
+        d_input, d_weights, d_bias, d_old_h, d_old_cell = _seq_backward(
+            grad_outputs, grad_h_n, grad_c_n, input, weights, old_h, old_cell, outputs, gates, cells,
+            bool(needs[0]),
+        )
+    grads = [
         d_input if needs[0] else None,
         d_weights if needs[1] else None,
         d_bias if needs[2] else None,
         d_old_h if needs[3] else None,
         d_old_cell if needs[4] else None,
-    )
+    ]
+    if torch.is_grad_enabled():
+        present = [k for k, g in enumerate(grads) if g is not None]
+        deps = [t for t in (input, weights, old_h, old_cell, grad_outputs, grad_h_n, grad_c_n)
+                if t is not None]
+        wrapped = _NoDoubleBackward.apply(len(present), *(grads[k] for k in present), *deps)
+        for k, g in zip(present, wrapped):
+            grads[k] = g
+    return tuple(grads)
 
 
 torch.library.register_autograd("lltm_op::sequence_forward", _backward, setup_context=_setup_context)
 
-_below_autograd = torch._C._AutoDispatchBelowAutograd
+def _vmap_by_loop(op, n_out: int):
+    """A batching rule that runs the op once per sample (the batched
+    dimension is rarely large for a whole-sequence op; per-sample weight
+    gradients, vmap(grad(...)), need one backward per sample anyway)."""
+
+    def rule(info, in_dims, *args):
+        size = info.batch_size
+        if size == 0:
+            raise RuntimeError(f"{OP}: vmap over an empty batch is not supported")
+        results = []
+        for n in range(size):
+            sliced = [a.select(d, n) if d is not None else a for a, d in zip(args, in_dims)]
+            results.append(op(*sliced))
+        return tuple(torch.stack([r[k] for r in results]) for k in range(n_out)), (0,) * n_out
+
+    return rule
+
+
+torch.library.register_vmap("lltm_op::sequence_forward", _vmap_by_loop(_seq_forward, 5))
+torch.library.register_vmap("lltm_op::sequence_backward", _vmap_by_loop(_seq_backward, 5))
 
 
 class _SequenceFunction(torch.autograd.Function):
     """The eager path to the same forward, backward and saved tensors as the
     registered autograd (cheaper per call), and a clear refusal of
     forward-mode AD. torch.compile and torch.export trace the op itself."""
+
+    generate_vmap_rule = True
 
     @staticmethod
     def forward(input, weights, bias, old_h, old_cell):
