@@ -110,9 +110,9 @@ void forward_rows(int64_t r0, int64_t r1, int64_t S, Mat<T> g, Mat<T> b, Mat<T> 
 // -- backward -----------------------------------------------------------------
 
 // One row with unit column strides; kGh / kGc: whether grad_h / grad_cell
-// exist (absent ones are zero). Adds the row's d_gates (before rounding to
-// T) into acc[0, 3S).
-template <typename T, bool kGh, bool kGc>
+// exist (absent ones are zero); kNew: oc holds new_cell, not old_cell. Adds
+// the row's d_gates (before rounding to T) into acc[0, 3S).
+template <typename T, bool kGh, bool kGc, bool kNew>
 LLTM_ROW_FN void backward_row_contiguous(int64_t S, const T* __restrict__ gh, const T* __restrict__ gc,
                              const T* __restrict__ g, const T* __restrict__ b,
                              const T* __restrict__ oc, T* __restrict__ dg, T* __restrict__ dc,
@@ -120,7 +120,7 @@ LLTM_ROW_FN void backward_row_contiguous(int64_t S, const T* __restrict__ gh, co
   using A = opscommon::acc_t<T>;
   for (int64_t j = 0; j < S; ++j) {
     A d_i, d_o, d_z, d_c;
-    cell_backward_math<A, CpuMath<T>>(
+    cell_backward_math<A, CpuMath<T>, kNew>(
         kGh ? static_cast<A>(gh[j]) : A(0), kGc ? static_cast<A>(gc[j]) : A(0),
         static_cast<A>(g[j]) + static_cast<A>(b[j]),
         static_cast<A>(g[S + j]) + static_cast<A>(b[S + j]),
@@ -137,7 +137,7 @@ LLTM_ROW_FN void backward_row_contiguous(int64_t S, const T* __restrict__ gh, co
 }
 
 // Any strides, absent gradients as null pointers.
-template <typename T>
+template <typename T, bool kNew>
 void backward_row_strided(int64_t r, int64_t S, Mat<T> gh, Mat<T> gc, Mat<T> g, Mat<T> b,
                           Mat<T> oc, T* dg, T* dc, opscommon::acc_t<T>* acc) {
   using A = opscommon::acc_t<T>;
@@ -152,7 +152,7 @@ void backward_row_strided(int64_t r, int64_t S, Mat<T> gh, Mat<T> gc, Mat<T> g, 
     const A grad_h = gh.p ? static_cast<A>(gh.p[r * gh.rs + j * gh.cs]) : A(0);
     const A grad_c = gc.p ? static_cast<A>(gc.p[r * gc.rs + j * gc.cs]) : A(0);
     A d[3], d_c;
-    cell_backward_math<A, CpuMath<T>>(grad_h, grad_c, pre[0], pre[1], pre[2],
+    cell_backward_math<A, CpuMath<T>, kNew>(grad_h, grad_c, pre[0], pre[1], pre[2],
                                       static_cast<A>(cr[j * oc.cs]), d[0], d[1], d[2], d_c);
     for (int k = 0; k < 3; ++k) {
       dg[k * S + j] = static_cast<T>(d[k]);
@@ -163,7 +163,7 @@ void backward_row_strided(int64_t r, int64_t S, Mat<T> gh, Mat<T> gc, Mat<T> g, 
 }
 
 // d_gates and d_old_cell of rows [r0, r1), their d_gates summed into acc.
-template <typename T>
+template <typename T, bool kNew>
 void backward_rows(int64_t r0, int64_t r1, int64_t S, Mat<T> gh, Mat<T> gc, Mat<T> g, Mat<T> b,
                    Mat<T> oc, T* d_gates, T* d_old_c, opscommon::acc_t<T>* acc) {
   const bool unit = g.cs == 1 && b.cs == 1 && oc.cs == 1 && (gh.p == nullptr || gh.cs == 1) &&
@@ -172,7 +172,7 @@ void backward_rows(int64_t r0, int64_t r1, int64_t S, Mat<T> gh, Mat<T> gc, Mat<
     T* dg = d_gates + r * 3 * S;
     T* dc = d_old_c + r * S;
     if (!unit) {
-      backward_row_strided<T>(r, S, gh, gc, g, b, oc, dg, dc, acc);
+      backward_row_strided<T, kNew>(r, S, gh, gc, g, b, oc, dg, dc, acc);
       continue;
     }
     const T* ghr = gh.p ? gh.p + r * gh.rs : nullptr;
@@ -180,13 +180,13 @@ void backward_rows(int64_t r0, int64_t r1, int64_t S, Mat<T> gh, Mat<T> gc, Mat<
     const T* gr = g.p + r * g.rs;
     const T* cr = oc.p + r * oc.rs;
     if (ghr && gcr) {
-      backward_row_contiguous<T, true, true>(S, ghr, gcr, gr, b.p, cr, dg, dc, acc);
+      backward_row_contiguous<T, true, true, kNew>(S, ghr, gcr, gr, b.p, cr, dg, dc, acc);
     } else if (ghr) {
-      backward_row_contiguous<T, true, false>(S, ghr, gcr, gr, b.p, cr, dg, dc, acc);
+      backward_row_contiguous<T, true, false, kNew>(S, ghr, gcr, gr, b.p, cr, dg, dc, acc);
     } else if (gcr) {
-      backward_row_contiguous<T, false, true>(S, ghr, gcr, gr, b.p, cr, dg, dc, acc);
+      backward_row_contiguous<T, false, true, kNew>(S, ghr, gcr, gr, b.p, cr, dg, dc, acc);
     } else {
-      backward_row_contiguous<T, false, false>(S, ghr, gcr, gr, b.p, cr, dg, dc, acc);
+      backward_row_contiguous<T, false, false, kNew>(S, ghr, gcr, gr, b.p, cr, dg, dc, acc);
     }
   }
 }
@@ -196,9 +196,9 @@ void backward_rows(int64_t r0, int64_t r1, int64_t S, Mat<T> gh, Mat<T> gc, Mat<
 std::tuple<Tensor, Tensor> cell_forward_cpu(Tensor gates, Tensor bias, Tensor old_cell) {
   int64_t B = 0, S = 0;
   check_cell_args(kCellForward, gates, bias, old_cell, B, S);
-  Tensor new_h = opscommon::empty_contiguous(gates, {B, S});
-  Tensor new_c = opscommon::empty_contiguous(gates, {B, S});
-  if (B * S == 0) return {new_h, new_c};
+  Tensor new_h = opscommon::empty_contiguous(kCellForward, gates, {B, S});
+  Tensor new_c = opscommon::empty_contiguous(kCellForward, gates, {B, S});
+  if (B == 0 || S == 0) return {new_h, new_c};
   opscommon::dispatch_floating(gates.scalar_type(), kCellForward, [&](auto tag) {
     using T = decltype(tag);
     const Mat<T> g = mat_of<T>(gates), b = row_of<T>(bias), oc = mat_of<T>(old_cell);
@@ -209,22 +209,38 @@ std::tuple<Tensor, Tensor> cell_forward_cpu(Tensor gates, Tensor bias, Tensor ol
   return {new_h, new_c};
 }
 
-std::tuple<Tensor, Tensor, Tensor> cell_backward_cpu(std::optional<Tensor> grad_h,
-                                                     std::optional<Tensor> grad_cell,
-                                                     Tensor gates, Tensor bias,
-                                                     Tensor old_cell) {
+namespace {
+
+// cell_backward (kNew = false: `cell` is old_cell) and
+// cell_backward_from_new_cell (kNew = true: `cell` is new_cell).
+template <bool kNew>
+std::tuple<Tensor, Tensor, Tensor> cell_backward_impl(const std::optional<Tensor>& grad_h,
+                                                      const std::optional<Tensor>& grad_cell,
+                                                      const Tensor& gates, const Tensor& bias,
+                                                      const Tensor& cell) {
+  const char* op = kNew ? kCellBackwardFromNewCell : kCellBackward;
   int64_t B = 0, S = 0;
-  check_backward_args(grad_h, grad_cell, gates, bias, old_cell, B, S);
-  Tensor d_gates = opscommon::empty_contiguous(gates, {B, 3 * S});
-  Tensor d_bias = opscommon::empty_contiguous(gates, {3 * S});
-  Tensor d_old_c = opscommon::empty_contiguous(gates, {B, S});
-  opscommon::dispatch_floating(gates.scalar_type(), kCellBackward, [&](auto tag) {
+  check_backward_args(grad_h, grad_cell, gates, bias, cell, B, S, kNew);
+  Tensor d_gates = opscommon::empty_contiguous(op, gates, {B, 3 * S});
+  Tensor d_bias = opscommon::empty_contiguous(op, gates, {3 * S});
+  Tensor d_old_c = opscommon::empty_contiguous(op, gates, {B, S});
+  // No elements: nothing to compute (a long batch of empty rows included),
+  // and d_bias, a sum over no rows, is zero.
+  if (S == 0) return {d_gates, d_bias, d_old_c};
+  if (B == 0) {
+    opscommon::dispatch_floating(gates.scalar_type(), op, [&](auto tag) {
+      using T = decltype(tag);
+      std::fill_n(d_bias.mutable_data_ptr<T>(), 3 * S, T(0));
+    });
+    return {d_gates, d_bias, d_old_c};
+  }
+  opscommon::dispatch_floating(gates.scalar_type(), op, [&](auto tag) {
     using T = decltype(tag);
     using A = opscommon::acc_t<T>;
     const Mat<T> none{nullptr, 0, 0};
     const Mat<T> gh = grad_h ? mat_of<T>(*grad_h) : none;
     const Mat<T> gc = grad_cell ? mat_of<T>(*grad_cell) : none;
-    const Mat<T> g = mat_of<T>(gates), b = row_of<T>(bias), oc = mat_of<T>(old_cell);
+    const Mat<T> g = mat_of<T>(gates), b = row_of<T>(bias), oc = mat_of<T>(cell);
     T* dg = d_gates.mutable_data_ptr<T>();
     T* dc = d_old_c.mutable_data_ptr<T>();
     // Rows in chunks of kSumRows, each with its own bias-gradient partial
@@ -236,7 +252,7 @@ std::tuple<Tensor, Tensor, Tensor> cell_backward_cpu(std::optional<Tensor> grad_
     auto run_chunks = [&](int64_t c0, int64_t c1) {
       for (int64_t c = c0; c < c1; ++c) {
         const int64_t r0 = c * kSumRows, r1 = std::min(B, r0 + kSumRows);
-        backward_rows<T>(r0, r1, S, gh, gc, g, b, oc, dg, dc, partial.data() + c * 3 * S);
+        backward_rows<T, kNew>(r0, r1, S, gh, gc, g, b, oc, dg, dc, partial.data() + c * 3 * S);
       }
     };
     if (B * S < opscommon::kCpuGrainSize) {
@@ -256,6 +272,21 @@ std::tuple<Tensor, Tensor, Tensor> cell_backward_cpu(std::optional<Tensor> grad_
   return {d_gates, d_bias, d_old_c};
 }
 
+}  // namespace
+
+std::tuple<Tensor, Tensor, Tensor> cell_backward_cpu(std::optional<Tensor> grad_h,
+                                                     std::optional<Tensor> grad_cell,
+                                                     Tensor gates, Tensor bias,
+                                                     Tensor old_cell) {
+  return cell_backward_impl<false>(grad_h, grad_cell, gates, bias, old_cell);
+}
+
+std::tuple<Tensor, Tensor, Tensor> cell_backward_from_new_cell_cpu(
+    std::optional<Tensor> grad_h, std::optional<Tensor> grad_cell, Tensor gates, Tensor bias,
+    Tensor new_cell) {
+  return cell_backward_impl<true>(grad_h, grad_cell, gates, bias, new_cell);
+}
+
 }  // namespace lltm_op
 
 STABLE_TORCH_LIBRARY(lltm_op, m) {
@@ -266,14 +297,21 @@ STABLE_TORCH_LIBRARY(lltm_op, m) {
       "cell_forward(Tensor gates, Tensor bias, Tensor old_cell) "
       "-> (Tensor new_h, Tensor new_cell)");
   // Gradients of gates, bias and old_cell; an absent (None) incoming
-  // gradient counts as zero. The autograd of cell_forward (ops.py) calls
-  // this; it has no derivative of its own.
+  // gradient counts as zero. Differentiable (ops.py registers the same math
+  // in torch ops as its derivative).
   m.def(
       "cell_backward(Tensor? grad_h, Tensor? grad_cell, Tensor gates, Tensor bias, "
       "Tensor old_cell) -> (Tensor d_gates, Tensor d_bias, Tensor d_old_cell)");
+  // The same gradients from new_cell (cell_forward's output) instead of
+  // old_cell: what the autograd of cell_forward saves and calls, so that the
+  // caller may overwrite old_cell (a state buffer) in place after the step.
+  m.def(
+      "cell_backward_from_new_cell(Tensor? grad_h, Tensor? grad_cell, Tensor gates, "
+      "Tensor bias, Tensor new_cell) -> (Tensor d_gates, Tensor d_bias, Tensor d_old_cell)");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(lltm_op, CPU, m) {
   m.impl("cell_forward", TORCH_BOX(&lltm_op::cell_forward_cpu));
   m.impl("cell_backward", TORCH_BOX(&lltm_op::cell_backward_cpu));
+  m.impl("cell_backward_from_new_cell", TORCH_BOX(&lltm_op::cell_backward_from_new_cell_cpu));
 }

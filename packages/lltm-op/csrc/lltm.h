@@ -11,9 +11,11 @@
 //   new_h    = tanh(new_cell) * o
 //
 // The backward recomputes G, i, o, z and tanh(new_cell) from P, b and
-// old_cell (the only tensors saved for it) and returns dG (the gradient of P,
-// ready for torch's mm backward), db = sum of dG over the batch (reduced in
-// the same pass, so dG is not read again) and d_old_cell.
+// new_cell (cell_backward_from_new_cell: what autograd saves, so that the
+// caller may overwrite old_cell in place after the step) or old_cell
+// (cell_backward), and returns dG (the gradient of P, ready for torch's mm
+// backward), db = sum of dG over the batch (reduced in the same pass, so dG
+// is not read again) and d_old_cell.
 #pragma once
 
 #include <optional>
@@ -41,6 +43,7 @@ namespace lltm_op {
 
 constexpr const char* kCellForward = "lltm_op.cell_forward";
 constexpr const char* kCellBackward = "lltm_op.cell_backward";
+constexpr const char* kCellBackwardFromNewCell = "lltm_op.cell_backward_from_new_cell";
 
 // -- math in the accumulation type (float for float16/bfloat16/float32, double
 // -- for float64) --------------------------------------------------------------
@@ -92,10 +95,11 @@ LLTM_HD void cell_forward_math(A gi, A go, A gz, A old_c, A& new_h, A& new_c) {
 }
 
 // Backward of one element. grad_h / grad_c are the incoming gradients of
-// new_h / new_cell (zero where autograd has none). Writes the gradients of
-// the three pre-activations and of old_cell.
-template <typename A, typename M = AccurateMath>
-LLTM_HD void cell_backward_math(A grad_h, A grad_c, A gi, A go, A gz, A old_c, A& d_gi, A& d_go,
+// new_h / new_cell (zero where autograd has none); `cell` is old_cell, or
+// new_cell with kFromNewCell. Writes the gradients of the three
+// pre-activations and of old_cell.
+template <typename A, typename M = AccurateMath, bool kFromNewCell = false>
+LLTM_HD void cell_backward_math(A grad_h, A grad_c, A gi, A go, A gz, A cell, A& d_gi, A& d_go,
                                 A& d_gz, A& d_old_c) {
   const A i = M::sigmoid(gi);
   const A o = M::sigmoid(go);
@@ -103,7 +107,7 @@ LLTM_HD void cell_backward_math(A grad_h, A grad_c, A gi, A go, A gz, A old_c, A
   const A em1 = M::expm1(M::select(positive, A(0), gz));
   const A z = M::select(positive, gz, em1);
   const A dz = M::select(positive, A(1), em1 + A(1));  // elu'(x) = exp(x) for x <= 0
-  const A t = M::tanh(old_c + z * i);
+  const A t = M::tanh(kFromNewCell ? cell : cell + z * i);
   const A d_new_c = grad_c + grad_h * o * (A(1) - t * t);
   d_old_c = d_new_c;
   d_gi = d_new_c * z * (i * (A(1) - i));
@@ -140,24 +144,31 @@ inline void check_operand(const char* op, const char* arg, const torch::stable::
   opscommon::check_cpu_or_cuda(op, arg, t);
 }
 
-// old_cell: [B, S]; gates: [B, 3S]; bias: [3S]; one dtype and device.
-// Sets batch = B, state = S.
+// The largest state size S whose 3 * S fits in int64 (the gates' width).
+constexpr int64_t kMaxStateSize = INT64_MAX / 3;
+
+// cell (old_cell, or new_cell for cell_backward_from_new_cell; its name in
+// messages is cell_arg): [B, S]; gates: [B, 3S]; bias: [3S]; one dtype and
+// device. Sets batch = B, state = S.
 inline void check_cell_args(const char* op, const torch::stable::Tensor& gates,
                             const torch::stable::Tensor& bias,
-                            const torch::stable::Tensor& old_cell, int64_t& batch,
-                            int64_t& state) {
+                            const torch::stable::Tensor& cell, int64_t& batch,
+                            int64_t& state, const char* cell_arg = "old_cell") {
   check_operand(op, "gates", gates);
   check_operand(op, "bias", bias);
-  check_operand(op, "old_cell", old_cell);
-  opscommon::check_shape(op, "old_cell", old_cell, {-1, -1});
-  batch = old_cell.size(0);
-  state = old_cell.size(1);
+  check_operand(op, cell_arg, cell);
+  opscommon::check_shape(op, cell_arg, cell, {-1, -1});
+  batch = cell.size(0);
+  state = cell.size(1);
+  // 3 * state must not wrap around (a negative size would match any).
+  OPSCOMMON_CHECK(state <= kMaxStateSize, op, ": argument '", cell_arg, "' has ", state,
+                  " columns (the state size); 3 times that overflows int64");
   opscommon::check_shape(op, "gates", gates, {batch, 3 * state});
   opscommon::check_shape(op, "bias", bias, {3 * state});
   opscommon::check_same_dtype(op, "gates", gates, "bias", bias);
-  opscommon::check_same_dtype(op, "gates", gates, "old_cell", old_cell);
+  opscommon::check_same_dtype(op, "gates", gates, cell_arg, cell);
   opscommon::check_same_device(op, "gates", gates, "bias", bias);
-  opscommon::check_same_device(op, "gates", gates, "old_cell", old_cell);
+  opscommon::check_same_device(op, "gates", gates, cell_arg, cell);
 }
 
 // An optional incoming gradient: absent, or [B, S] like old_cell.
@@ -169,15 +180,18 @@ inline void check_grad_arg(const char* op, const char* arg, const torch::stable:
   opscommon::check_same_device(op, "gates", gates, arg, g);
 }
 
-// The arguments of cell_backward; sets B (batch) and S (state size).
+// The arguments of cell_backward (or, with from_new_cell, of
+// cell_backward_from_new_cell); sets B (batch) and S (state size).
 inline void check_backward_args(const std::optional<torch::stable::Tensor>& grad_h,
                                 const std::optional<torch::stable::Tensor>& grad_cell,
                                 const torch::stable::Tensor& gates,
                                 const torch::stable::Tensor& bias,
-                                const torch::stable::Tensor& old_cell, int64_t& B, int64_t& S) {
-  check_cell_args(kCellBackward, gates, bias, old_cell, B, S);
-  if (grad_h) check_grad_arg(kCellBackward, "grad_h", *grad_h, gates, B, S);
-  if (grad_cell) check_grad_arg(kCellBackward, "grad_cell", *grad_cell, gates, B, S);
+                                const torch::stable::Tensor& cell, int64_t& B, int64_t& S,
+                                bool from_new_cell = false) {
+  const char* op = from_new_cell ? kCellBackwardFromNewCell : kCellBackward;
+  check_cell_args(op, gates, bias, cell, B, S, from_new_cell ? "new_cell" : "old_cell");
+  if (grad_h) check_grad_arg(op, "grad_h", *grad_h, gates, B, S);
+  if (grad_cell) check_grad_arg(op, "grad_cell", *grad_cell, gates, B, S);
 }
 
 }  // namespace lltm_op

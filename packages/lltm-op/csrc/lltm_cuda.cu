@@ -167,7 +167,8 @@ __global__ void __launch_bounds__(kThreads, kForwardMinBlocks)
 
 // Block (bx, by), bx * by = kThreads: threadIdx.x picks a column vector,
 // threadIdx.y and blockIdx.y stride over rows. partial: [gridDim.y, 3S].
-template <typename T, int VEC>
+// kNew: old_c holds new_cell (cell_backward_from_new_cell).
+template <typename T, int VEC, bool kNew>
 __global__ void __launch_bounds__(kThreads, kBackwardMinBlocks)
     cell_backward_kernel(int64_t rows, int64_t S, Mat<T> grad_h, Mat<T> grad_c, Mat<T> gates,
                          Mat<T> bias, Mat<T> old_c, T* __restrict__ d_gates,
@@ -204,7 +205,7 @@ __global__ void __launch_bounds__(kThreads, kBackwardMinBlocks)
 #pragma unroll
       for (int e = 0; e < VEC; ++e) {
         A a_i, a_o, a_z, a_c;
-        cell_backward_math<A, MathFor<T>>(
+        cell_backward_math<A, MathFor<T>, kNew>(
             to_acc(gh.val[e]), to_acc(gc.val[e]),
             to_acc(gi.val[e]) + to_acc(bi.val[e]),
             to_acc(go.val[e]) + to_acc(bo.val[e]),
@@ -323,10 +324,11 @@ inline BackwardGrid backward_grid(int64_t B, int64_t per_row, int device) {
           dim3(bx, by)};
 }
 
+// oc: old_cell, or new_cell when from_new_cell (cell_backward_from_new_cell).
 template <typename T>
 void launch_backward(const Tensor& like, int device, cudaStream_t stream, int64_t B, int64_t S,
                      Mat<T> gh, Mat<T> gc, Mat<T> g, Mat<T> b, Mat<T> oc, T* dg, T* dc,
-                     T* d_bias) {
+                     T* d_bias, bool from_new_cell = false) {
   using A = opscommon::acc_t<T>;
   constexpr int V = backward_vec<T>();
   const bool vec = S % V == 0 && vector_ok<V>(gh) && vector_ok<V>(gc) && vector_ok<V>(g) &&
@@ -339,14 +341,21 @@ void launch_backward(const Tensor& like, int device, cudaStream_t stream, int64_
   if (parts > 1) {
     const int32_t acc_dtype = std::is_same_v<A, double> ? aoti_torch_dtype_float64()
                                                         : aoti_torch_dtype_float32();
-    partial = opscommon::empty_contiguous(like, {parts, 3 * S}, acc_dtype);
+    partial = opscommon::empty_contiguous(from_new_cell ? kCellBackwardFromNewCell : kCellBackward,
+                                          like, {parts, 3 * S}, acc_dtype);
     p = static_cast<A*>(partial->mutable_data_ptr());
   }
-  if (vec) {
-    cell_backward_kernel<T, V>
+  if (vec && from_new_cell) {
+    cell_backward_kernel<T, V, true>
+        <<<cfg.grid, cfg.block, 0, stream>>>(B, S, gh, gc, g, b, oc, dg, dc, p, d_bias);
+  } else if (vec) {
+    cell_backward_kernel<T, V, false>
+        <<<cfg.grid, cfg.block, 0, stream>>>(B, S, gh, gc, g, b, oc, dg, dc, p, d_bias);
+  } else if (from_new_cell) {
+    cell_backward_kernel<T, 1, true>
         <<<cfg.grid, cfg.block, 0, stream>>>(B, S, gh, gc, g, b, oc, dg, dc, p, d_bias);
   } else {
-    cell_backward_kernel<T, 1>
+    cell_backward_kernel<T, 1, false>
         <<<cfg.grid, cfg.block, 0, stream>>>(B, S, gh, gc, g, b, oc, dg, dc, p, d_bias);
   }
   OPSCOMMON_CUDA_CHECK_LAUNCH();
@@ -363,9 +372,9 @@ std::tuple<Tensor, Tensor> cell_forward_cuda(Tensor gates, Tensor bias, Tensor o
   check_cell_args(kCellForward, gates, bias, old_cell, B, S);
   const int device = gates.get_device();
   opscommon::DeviceGuard guard(device);
-  Tensor new_h = opscommon::empty_contiguous(gates, {B, S});
-  Tensor new_c = opscommon::empty_contiguous(gates, {B, S});
-  if (B * S == 0) return {new_h, new_c};
+  Tensor new_h = opscommon::empty_contiguous(kCellForward, gates, {B, S});
+  Tensor new_c = opscommon::empty_contiguous(kCellForward, gates, {B, S});
+  if (B == 0 || S == 0) return {new_h, new_c};
   const cudaStream_t stream = opscommon::current_stream(device);
   opscommon::dispatch_floating(gates.scalar_type(), kCellForward, [&](auto tag) {
     using T = decltype(tag);
@@ -376,29 +385,51 @@ std::tuple<Tensor, Tensor> cell_forward_cuda(Tensor gates, Tensor bias, Tensor o
   return {new_h, new_c};
 }
 
-std::tuple<Tensor, Tensor, Tensor> cell_backward_cuda(std::optional<Tensor> grad_h,
-                                                      std::optional<Tensor> grad_cell,
-                                                      Tensor gates, Tensor bias,
-                                                      Tensor old_cell) {
+namespace {
+
+// cell_backward (`cell` is old_cell) or, with from_new_cell,
+// cell_backward_from_new_cell (`cell` is new_cell).
+std::tuple<Tensor, Tensor, Tensor> cell_backward_cuda_impl(const std::optional<Tensor>& grad_h,
+                                                           const std::optional<Tensor>& grad_cell,
+                                                           const Tensor& gates, const Tensor& bias,
+                                                           const Tensor& cell,
+                                                           bool from_new_cell) {
+  const char* op = from_new_cell ? kCellBackwardFromNewCell : kCellBackward;
   int64_t B = 0, S = 0;
-  check_backward_args(grad_h, grad_cell, gates, bias, old_cell, B, S);
+  check_backward_args(grad_h, grad_cell, gates, bias, cell, B, S, from_new_cell);
   const int device = gates.get_device();
   opscommon::DeviceGuard guard(device);
-  Tensor d_gates = opscommon::empty_contiguous(gates, {B, 3 * S});
-  Tensor d_bias = opscommon::empty_contiguous(gates, {3 * S});
-  Tensor d_old_c = opscommon::empty_contiguous(gates, {B, S});
-  // B == 0 still runs: the kernels then write d_bias = 0.
+  Tensor d_gates = opscommon::empty_contiguous(op, gates, {B, 3 * S});
+  Tensor d_bias = opscommon::empty_contiguous(op, gates, {3 * S});
+  Tensor d_old_c = opscommon::empty_contiguous(op, gates, {B, S});
+  // B == 0 still runs: the kernels then write d_bias = 0 (one block row).
   if (S == 0) return {d_gates, d_bias, d_old_c};
   const cudaStream_t stream = opscommon::current_stream(device);
-  opscommon::dispatch_floating(gates.scalar_type(), kCellBackward, [&](auto tag) {
+  opscommon::dispatch_floating(gates.scalar_type(), op, [&](auto tag) {
     using T = decltype(tag);
     const Mat<T> none{nullptr, 0, 0};
     launch_backward<T>(gates, device, stream, B, S, grad_h ? mat_of<T>(*grad_h) : none,
                        grad_cell ? mat_of<T>(*grad_cell) : none, mat_of<T>(gates),
-                       row_of<T>(bias), mat_of<T>(old_cell), d_gates.mutable_data_ptr<T>(),
-                       d_old_c.mutable_data_ptr<T>(), d_bias.mutable_data_ptr<T>());
+                       row_of<T>(bias), mat_of<T>(cell), d_gates.mutable_data_ptr<T>(),
+                       d_old_c.mutable_data_ptr<T>(), d_bias.mutable_data_ptr<T>(),
+                       from_new_cell);
   });
   return {d_gates, d_bias, d_old_c};
+}
+
+}  // namespace
+
+std::tuple<Tensor, Tensor, Tensor> cell_backward_cuda(std::optional<Tensor> grad_h,
+                                                      std::optional<Tensor> grad_cell,
+                                                      Tensor gates, Tensor bias,
+                                                      Tensor old_cell) {
+  return cell_backward_cuda_impl(grad_h, grad_cell, gates, bias, old_cell, false);
+}
+
+std::tuple<Tensor, Tensor, Tensor> cell_backward_from_new_cell_cuda(
+    std::optional<Tensor> grad_h, std::optional<Tensor> grad_cell, Tensor gates, Tensor bias,
+    Tensor new_cell) {
+  return cell_backward_cuda_impl(grad_h, grad_cell, gates, bias, new_cell, true);
 }
 
 }  // namespace lltm_op
@@ -406,4 +437,5 @@ std::tuple<Tensor, Tensor, Tensor> cell_backward_cuda(std::optional<Tensor> grad
 STABLE_TORCH_LIBRARY_IMPL(lltm_op, CUDA, m) {
   m.impl("cell_forward", TORCH_BOX(&lltm_op::cell_forward_cuda));
   m.impl("cell_backward", TORCH_BOX(&lltm_op::cell_backward_cuda));
+  m.impl("cell_backward_from_new_cell", TORCH_BOX(&lltm_op::cell_backward_from_new_cell_cuda));
 }

@@ -5,6 +5,8 @@ saved for backward, CUDA graphs, and a short training loop."""
 from __future__ import annotations
 
 import math
+import time
+import warnings
 
 import pytest
 import torch
@@ -18,6 +20,7 @@ OP = "lltm_op.lltm"
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 cell_forward = torch.ops.lltm_op.cell_forward.default
 cell_backward = torch.ops.lltm_op.cell_backward.default
+cell_backward_new = torch.ops.lltm_op.cell_backward_from_new_cell.default
 
 requires_cuda = [
     pytest.mark.cuda,
@@ -103,7 +106,7 @@ class TestLLTMContract(OpContract):
         }.get(dtype, {})
 
     def opcheck_targets(self):
-        return [cell_forward, cell_backward]
+        return [cell_forward, cell_backward, cell_backward_new]
 
     @pytest.mark.parametrize("device", DEVICES)
     def test_opcheck(self, device):
@@ -121,6 +124,13 @@ class TestLLTMContract(OpContract):
                     cell_forward, tuple(t.clone().requires_grad_() for t in (gates, bias, old_cell))
                 )
                 torch.library.opcheck(cell_backward, (gh, gc, gates, bias, old_cell))
+                new_cell = cell_forward(gates, bias, old_cell)[1]
+                torch.library.opcheck(cell_backward_new, (gh, gc, gates, bias, new_cell))
+                # The backward ops are differentiable (double backward).
+                for op, cell in ((cell_backward, old_cell), (cell_backward_new, new_cell)):
+                    torch.library.opcheck(
+                        op, tuple(t.clone().requires_grad_() for t in (gh, gc, gates, bias, cell))
+                    )
                 if n or dtype != torch.float32:
                     continue
                 # Once: no grad, partial grad, strided operands, absent and
@@ -138,6 +148,8 @@ class TestLLTMContract(OpContract):
                 torch.library.opcheck(
                     cell_backward, (gh.sum(0, keepdim=True).expand(batch, state), None, gates, bias, old_cell)
                 )
+                torch.library.opcheck(cell_backward_new, (None, gc, gates, bias, new_cell))
+                torch.library.opcheck(cell_backward_new, (gh, None, gates, bias, new_cell))
 
     def bad_inputs(self, device):
         def args(**replace):
@@ -207,6 +219,30 @@ class TestLLTMContract(OpContract):
             BadInput("cell_backward grad dtype",
                      lambda: cell_backward(None, z(4, 3, dtype=torch.float16), z(4, 9), z(9), z(4, 3)),
                      r"lltm_op.cell_backward: arguments 'gates' and 'grad_cell' must have the same dtype"),
+            BadInput("cell_backward_from_new_cell new_cell shape",
+                     lambda: cell_backward_new(None, None, z(4, 9), z(9), z(4)),
+                     r"lltm_op.cell_backward_from_new_cell: argument 'new_cell' must have shape \[\*, \*\], "
+                     r"got \[4\]"),
+            BadInput("cell_backward_from_new_cell gates shape",
+                     lambda: cell_backward_new(None, None, z(4, 8), z(9), z(4, 3)),
+                     r"lltm_op.cell_backward_from_new_cell: argument 'gates' must have shape \[4, 9\], got \[4, 8\]"),
+            # 3 * state must not wrap around in the shape checks.
+            BadInput("cell_forward state size overflow",
+                     lambda: cell_forward(z(0, 6), z(6), z(0, 2**62 + 2)),
+                     r"lltm_op.cell_forward: argument 'old_cell' has 4611686018427387906 columns \(the state "
+                     r"size\); 3 times that overflows int64"),
+            BadInput("cell_backward_from_new_cell state size overflow",
+                     lambda: cell_backward_new(None, None, z(0, 6), z(6), z(0, 2**62 + 2)),
+                     r"lltm_op.cell_backward_from_new_cell: argument 'new_cell' has 4611686018427387906 columns"),
+            # A failed allocation names the op and the size asked for.
+            BadInput("cell_forward out of memory",
+                     lambda: cell_forward(z(1, 3).expand(2**50, 3), z(3), z(1, 1).expand(2**50, 1)),
+                     r"lltm_op.cell_forward: could not allocate an output, a float32 tensor of shape "
+                     r"\[1125899906842624, 1\] \(4503599627370496 bytes\) on (cpu|cuda:\d+) \(out of memory\?\)"),
+            BadInput("cell_backward out of memory",
+                     lambda: cell_backward(None, None, z(1, 3).expand(2**50, 3), z(3), z(1, 1).expand(2**50, 1)),
+                     r"lltm_op.cell_backward: could not allocate an output, a float32 tensor of shape "
+                     r"\[1125899906842624, 3\] \(13510798882111488 bytes\)"),
         ]
 
 
@@ -364,10 +400,27 @@ def test_inputs_without_grad(device):
 # -- what backward keeps ---------------------------------------------------------------
 
 
+def _saved_storages(fn, args):
+    """{storage pointer: bytes} of the tensors autograd saves for backward
+    in one call of fn, minus the arguments' own storages."""
+    saved = {}
+
+    def pack(t):
+        saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn(*args)
+    for a in args:
+        saved.pop(a.untyped_storage().data_ptr(), None)
+    return saved, out
+
+
 def test_saves_only_what_the_math_needs():
     """Saved for backward: the matrix product's operands (X = [old_h, input]
-    and the weights, for dW and dX) and the cell kernel's inputs (gates
-    before the bias, the bias, old_cell); no activations."""
+    and the weights, for dW and dX) and the cell kernel's gates (before the
+    bias), the bias and its own output new_cell; no activations, and not
+    old_cell, which a stateful loop may overwrite in place after the step."""
     batch, features, state = 4, 3, 8
     args = [t.requires_grad_() for t in make_args(batch, features, state)]
     saved = []
@@ -384,10 +437,142 @@ def test_saves_only_what_the_math_needs():
         (state + features, 3 * state),  # weights.t() (a view, no copy)
         (batch, 3 * state),  # gates
         (3 * state,),  # bias (the caller's tensor)
-        (batch, state),  # old_cell (the caller's tensor)
+        (batch, state),  # new_cell (the output itself)
     ]), shapes
-    for arg in (args[1], args[2], args[4]):  # weights, bias, old_cell: no copies
+    for arg in (args[1], args[2]):  # weights, bias: no copies
         assert any(t.data_ptr() == arg.data_ptr() for t in saved)
+    assert any(t.data_ptr() == new_c.data_ptr() for t in saved)
+    assert not any(t.data_ptr() == args[4].data_ptr() for t in saved)  # not old_cell
+
+
+def test_saves_less_than_the_pure_cell():
+    """What a step keeps alive for backward, beyond its arguments: at most
+    what the pure-PyTorch cell keeps (here about two thirds of it)."""
+    args = [t.requires_grad_() for t in make_args(64, 32, 128)]
+    ours, _ = _saved_storages(lltm, args)
+    pure, _ = _saved_storages(lltm_reference, args)
+    assert sum(ours.values()) <= 0.75 * sum(pure.values()), (sum(ours.values()), sum(pure.values()))
+
+
+# -- a stateful loop that overwrites its state buffers in place ---------------------------
+
+
+def _stateful_loop(fn, xs, weights, bias, steps):
+    """An RNN loop with persistent state buffers: each step's new state is
+    copied into them under no_grad (h.copy_(new_h); c.copy_(new_c)), and
+    backward runs after all the steps."""
+    batch, state = xs.shape[1], bias.shape[0] // 3
+    h = torch.zeros(batch, state, dtype=xs.dtype, device=xs.device)
+    c = torch.zeros_like(h)
+    loss = 0
+    for t in range(steps):
+        new_h, new_c = fn(xs[t], weights, bias, h, c)
+        loss = loss + (new_h * new_h).sum() + new_c.sum()
+        with torch.no_grad():
+            h.copy_(new_h)
+            c.copy_(new_c)
+    return loss
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+def test_state_buffers_overwritten_in_place(device, dtype):
+    device = need(device)
+    steps = 5
+    _, weights, bias, _, _ = make_args(3, 6, 8, dtype=dtype, device=device)
+    xs = torch.randn(steps, 3, 6, dtype=dtype, device=device)
+    grads = []
+    for fn in (lltm, lltm_reference):
+        leaves = [t.detach().clone().requires_grad_() for t in (xs, weights, bias)]
+        loss = _stateful_loop(fn, *leaves, steps)
+        grads.append(torch.autograd.grad(loss, leaves))
+    for got, want in zip(*grads):
+        torch.testing.assert_close(got, want)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_cuda_stateful_loop_peak_memory_at_most_eager(dtype):
+    """The same loop on the GPU: peak memory of forward + backward is at most
+    that of the pure-PyTorch cell (eager)."""
+    need("cuda")
+    steps, batch, features, state = 16, 256, 128, 512
+    _, weights, bias, _, _ = make_args(batch, features, state, dtype=dtype, device="cuda")
+    xs = torch.randn(steps, batch, features, dtype=dtype, device="cuda")
+    peaks, grads = [], []
+    for fn in (lltm, lltm_reference):
+        leaves = [t.detach().clone().requires_grad_() for t in (xs, weights, bias)]
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        loss = _stateful_loop(fn, *leaves, steps)
+        grads.append(torch.autograd.grad(loss, leaves))
+        torch.cuda.synchronize()
+        peaks.append(torch.cuda.max_memory_allocated() - base)
+        del loss
+    assert peaks[0] <= peaks[1], peaks
+    for got, want in zip(*grads):
+        assert rel_err(got, want) < (1e-5 if dtype == torch.float32 else 3e-2)
+
+
+# -- double backward ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gradient_penalty_through_a_sequence(device):
+    """A gradient penalty (WGAN-GP style) through several steps: the gradient
+    of ||d loss / d input|| with respect to the weights, against the pure
+    cell, with no warning from autograd."""
+    device = need(device)
+    steps = 4
+    _, weights, bias, h0, c0 = make_args(3, 5, 6, dtype=torch.float64, device=device)
+    xs = torch.randn(steps, 3, 5, dtype=torch.float64, device=device)
+    results = []
+    for fn in (lltm, lltm_reference):
+        x, w, b = (t.detach().clone().requires_grad_() for t in (xs, weights, bias))
+        h, c = h0, c0
+        for t in range(steps):
+            h, c = fn(x[t], w, b, h, c)
+        (dx,) = torch.autograd.grad(h.square().sum() + c.sum(), x, create_graph=True)
+        penalty = (dx.norm() - 1) ** 2
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            results.append(torch.autograd.grad(penalty, (x, w, b)))
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_backward_ops_are_differentiable(device):
+    """cell_backward and cell_backward_from_new_cell, called directly, have
+    right first and second derivatives (gradcheck, gradgradcheck, forward AD)."""
+    device = need(device)
+    gen = torch.Generator().manual_seed(7)
+    (gates, bias, old_cell), (gh, gc) = random_cell_inputs(3, 4, gen)
+    new_cell = cell_forward(gates, bias, old_cell)[1]
+    for op, cell in ((cell_backward, old_cell), (cell_backward_new, new_cell)):
+        args = tuple(t.to(device).requires_grad_() for t in (gh, gc, gates, bias, cell))
+        assert torch.autograd.gradcheck(op, args, check_forward_ad=True, check_batched_grad=True)
+        assert torch.autograd.gradgradcheck(op, args)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
+def test_backward_from_new_cell_matches_backward_from_old_cell(device, dtype):
+    device = need(device)
+    gen = torch.Generator().manual_seed(3)
+    for batch, state in [(1, 1), (5, 7), (70, 33), (3, 128)]:
+        (gates, bias, old_cell), (gh, gc) = random_cell_inputs(batch, state, gen)
+        gates, bias, old_cell, gh, gc = (t.to(device, dtype) for t in (gates, bias, old_cell, gh, gc))
+        new_cell = cell_forward(gates, bias, old_cell)[1]
+        for grads in [(gh, gc), (gh, None), (None, gc), (gh.sum(0, keepdim=True).expand_as(gh), None)]:
+            got = cell_backward_new(*grads, gates, bias, new_cell)
+            want = cell_backward(*grads, gates, bias, old_cell)
+            for g, w in zip(got, want):
+                if dtype == torch.bfloat16:
+                    assert rel_err(g.cpu(), w.cpu()) < 2e-2
+                else:
+                    torch.testing.assert_close(g, w)
 
 
 # -- export and autocast ----------------------------------------------------------------
@@ -430,6 +615,114 @@ def test_autocast(device):
     for a, r in zip(args, ref_args):
         assert a.grad.dtype == torch.float32
         assert rel_err(a.grad, r.grad) < 2e-2
+
+
+AUTOCAST = [("cpu", torch.bfloat16),
+            pytest.param("cuda", torch.float16, marks=pytest.mark.cuda),
+            pytest.param("cuda", torch.bfloat16, marks=pytest.mark.cuda)]
+
+
+@pytest.mark.parametrize("device, dtype", AUTOCAST)
+@pytest.mark.parametrize("state_dtype", ["float32", "autocast"])
+def test_autocast_input_from_an_autocast_layer(device, dtype, state_dtype):
+    """An LLTM fed by an autocast nn.Linear (so its input is in the autocast
+    dtype) with float32 weights, and a float32 (or autocast-dtype) state: it
+    runs, with the output and gradient dtypes of the pure-PyTorch cell under
+    the same autocast, and its accuracy (against float64) or better."""
+    device = need(device)
+    torch.manual_seed(0)
+    batch, features, state = 16, 32, 64
+    layer = torch.nn.Linear(24, features, device=device)
+    cell = LLTM(features, state, device=device)
+    x = torch.randn(batch, 24, device=device)
+    s_dtype = torch.float32 if state_dtype == "float32" else dtype
+    h, c = (torch.randn(batch, state, device=device).to(s_dtype) for _ in range(2))
+    outs, grads = [], []
+    for fn in (lltm, lltm_reference):
+        params = [p.detach().clone().requires_grad_() for p in (layer.weight, layer.bias, cell.weights, cell.bias)]
+        with torch.autocast(device, dtype=dtype):
+            inp = torch.nn.functional.linear(x, params[0], params[1])
+            assert inp.dtype == dtype
+            out = fn(inp, params[2], params[3], h, c)
+            loss = out[0].float().square().sum() + out[1].float().sum()
+        grads.append(torch.autograd.grad(loss, params))
+        outs.append((inp.detach(), out))
+    (inp, (new_h, new_c)), (_, (ref_h, ref_c)) = outs
+    assert (new_h.dtype, new_c.dtype) == (ref_h.dtype, ref_c.dtype)
+    exact = lltm_reference(*(t.detach().double() for t in (inp, cell.weights, cell.bias, h, c)))
+    for got, pure, want in zip((new_h, new_c), (ref_h, ref_c), exact):
+        assert rel_err(got, want) <= 1.25 * rel_err(pure, want) + 1e-6, (rel_err(got, want), rel_err(pure, want))
+    for g, w in zip(*grads):
+        assert g.dtype == w.dtype
+        assert rel_err(g, w) < 5e-2
+
+
+# -- empty work, shape arithmetic, allocation failures, module arguments ------------------
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_empty_work_returns_at_once(device):
+    """batch * state == 0: no time proportional to the batch (2^30 empty rows)."""
+    device = need(device)
+    rows = 2**30
+
+    def z(*shape):
+        return torch.zeros(*shape, device=device)
+
+    start = time.perf_counter()
+    cell_forward(z(rows, 0), z(0), z(rows, 0))
+    for op in (cell_backward, cell_backward_new):
+        op(z(rows, 0), z(rows, 0), z(rows, 0), z(0), z(rows, 0))
+        op(None, None, z(rows, 0), z(0), z(rows, 0))
+    args = [z(rows, 0).requires_grad_(), z(0, 0).requires_grad_(), z(0).requires_grad_(), z(rows, 0), z(rows, 0)]
+    new_h, new_c = lltm(*args)
+    (new_h.sum() + new_c.sum()).backward()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    assert time.perf_counter() - start < 1.0
+    # No rows, some state: the bias gradient, a sum over no rows, is zero.
+    for op in (cell_backward, cell_backward_new):
+        d_gates, d_bias, d_old = op(None, z(0, 5), z(0, 15), torch.ones(15, device=device), z(0, 5))
+        assert d_gates.shape == (0, 15) and d_old.shape == (0, 5)
+        assert torch.equal(d_bias, z(15))
+
+
+def test_state_size_overflow_is_rejected_like_the_fake_kernel():
+    """3 * state must not wrap around: the kernel rejects what the fake
+    kernel (meta tensors, torch.compile) rejects, with the same message."""
+    for device in ("cpu", "meta"):
+        def z(*shape):
+            return torch.zeros(*shape, device=device)
+
+        for state in (2**62 + 2, 2**63 - 1, (2**63 - 1) // 3 + 1):
+            with pytest.raises(RuntimeError, match=rf"^lltm_op.cell_forward: argument 'old_cell' has {state} "
+                               r"columns \(the state size\); 3 times that overflows int64$"):
+                cell_forward(z(0, 6), z(6), z(0, state))
+            with pytest.raises(RuntimeError, match=rf"^lltm_op.cell_backward: argument 'old_cell' has {state}"):
+                cell_backward(None, None, z(0, 6), z(6), z(0, state))
+            with pytest.raises(RuntimeError, match=rf"^lltm_op.cell_backward_from_new_cell: argument 'new_cell' "
+                               rf"has {state}"):
+                cell_backward_new(None, None, z(0, 6), z(6), z(0, state))
+        # The largest state size that fits is still checked as usual.
+        state = (2**63 - 1) // 3
+        with pytest.raises(RuntimeError, match=r"argument 'gates' must have shape \[0, 9223372036854775806\]"):
+            cell_forward(z(0, 6), z(6), z(0, state))
+
+
+def test_module_rejects_bad_sizes_like_nn_lstm():
+    with pytest.raises(ValueError, match=r"^LLTM: state_size must be positive, got 0$"):
+        LLTM(4, 0)
+    with pytest.raises(ValueError, match=r"LLTM: state_size must be positive, got -3"):
+        LLTM(4, -3)
+    with pytest.raises(ValueError, match=r"LLTM: input_features must be non-negative, got -1"):
+        LLTM(-1, 4)
+    with pytest.raises(TypeError, match=r"LLTM: state_size must be an integer, got float"):
+        LLTM(4, 2.5)
+    with pytest.raises(TypeError, match=r"LLTM: input_features must be an integer, got bool"):
+        LLTM(True, 4)
+    m = LLTM(0, 1)  # no input features (as nn.Linear(0, n)) and one state unit: fine
+    h, c = m(torch.zeros(2, 0), (torch.randn(2, 1), torch.randn(2, 1)))
+    assert h.shape == c.shape == (2, 1)
 
 
 # -- the module --------------------------------------------------------------------------

@@ -16,8 +16,8 @@ using torch::stable::Tensor;
 Tensor round_ste_cpu(Tensor x) {
   opscommon::check_defined(kRoundSte, "x", x);
   opscommon::check_floating(kRoundSte, "x", x);
-  const Tensor xc = opscommon::contiguous_of(x);
-  Tensor out = opscommon::empty_contiguous_like(xc);
+  Tensor out = opscommon::empty_contiguous_like(kRoundSte, x);
+  const Tensor xc = opscommon::contiguous_of(kRoundSte, "x", x);
   opscommon::dispatch_floating(xc.scalar_type(), kRoundSte, [&](auto tag) {
     using T = decltype(tag);
     opscommon::cpu_map(xc.numel(), RoundHalfUp<T>{}, out.mutable_data_ptr<T>(),

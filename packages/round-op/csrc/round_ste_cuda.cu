@@ -19,8 +19,8 @@ Tensor round_ste_cuda(Tensor x) {
   opscommon::check_floating(kRoundSte, "x", x);
   const int device = x.get_device();
   opscommon::DeviceGuard guard(device);
-  const Tensor xc = opscommon::contiguous_of(x);
-  Tensor out = opscommon::empty_contiguous_like(xc);
+  Tensor out = opscommon::empty_contiguous_like(kRoundSte, x);
+  const Tensor xc = opscommon::contiguous_of(kRoundSte, "x", x);
   const cudaStream_t stream = opscommon::current_stream(device);
   opscommon::dispatch_floating(xc.scalar_type(), kRoundSte, [&](auto tag) {
     using T = decltype(tag);

@@ -12,6 +12,12 @@ from round_op._runtime import BUILD_INFO
 OP = "round_op.round_ste"
 
 
+def _round_half_up_values(x: torch.Tensor) -> torch.Tensor:
+    # + 0.0 turns -0.0 into +0.0, as floor(-0.0 + 0.5) is.
+    r = torch.floor(x)
+    return torch.where(x - r >= 0.5, r + 1, r) + 0.0
+
+
 class _ReferenceRoundSTE(torch.autograd.Function):
     """floor(x + 0.5) without forming x + 0.5; the gradient passes through.
 
@@ -19,8 +25,7 @@ class _ReferenceRoundSTE(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x):
-        r = torch.floor(x)
-        return torch.where(x - r >= 0.5, r + 1, r)
+        return _round_half_up_values(x)
 
     @staticmethod
     def backward(ctx, grad):
@@ -29,6 +34,13 @@ class _ReferenceRoundSTE(torch.autograd.Function):
 
 def reference_round_half_up(x: torch.Tensor) -> torch.Tensor:
     return _ReferenceRoundSTE.apply(x)
+
+
+def composite_round_ste(x: torch.Tensor) -> torch.Tensor:
+    """The straight-through estimator in torch ops alone, which forward AD,
+    double backward and every torch.func transform differentiate (finite
+    inputs: x - x is NaN at infinity)."""
+    return x + (_round_half_up_values(x) - x).detach()
 
 
 class TestRoundSteContract(OpContract):
@@ -48,6 +60,9 @@ class TestRoundSteContract(OpContract):
 
     def reference(self, x):
         return reference_round_half_up(x)
+
+    def derivative_reference(self, x):
+        return composite_round_ste(x)
 
     def opcheck_targets(self):
         return [torch.ops.round_op.round_ste.default]
@@ -76,6 +91,67 @@ def test_half_up_at_the_boundaries(device, dtype):
     expect = [1.0, 2.0, 3.0, 0.0, -1.0, -2.0, 0.0, 1.0, 0.0, 0.0, 3.0, -3.0]
     x = torch.tensor(values, dtype=dtype, device=device)
     torch.testing.assert_close(round_op.round_ste(x), torch.tensor(expect, dtype=dtype, device=device))
+
+
+def exact_round_half_up(x: torch.Tensor) -> torch.Tensor:
+    """floor(x + 0.5) of float16/bfloat16/float32 values, computed in float64
+    (x + 0.5 is exact there for float16; for the others, where it is not,
+    the rounded sum has the same floor), back in x's dtype. -0.0 + 0.5 is
+    0.5, so the zero of the result is +0.0."""
+    return torch.floor(x.double() + 0.5).to(x.dtype)
+
+
+def assert_same_bits(got: torch.Tensor, want: torch.Tensor) -> None:
+    """Equal bit for bit (the sign of zero included), NaN anywhere NaN."""
+    assert torch.equal(got.isnan(), want.isnan())
+    bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}[got.element_size()]
+    keep = ~want.isnan()
+    mismatch = (got.view(bits) != want.view(bits)) & keep
+    assert not mismatch.any(), (got[mismatch][:8], want[mismatch][:8])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_every_half_precision_bit_pattern(device, dtype):
+    """All 65536 values of the dtype (zeros, subnormals, the largest finite
+    values, infinities, NaNs) against the exact definition, bit for bit."""
+    if device == "cuda" and not cuda_usable(BUILD_INFO):
+        pytest.skip("needs a CUDA GPU and a CUDA build")
+    x = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(dtype).to(device)
+    assert_same_bits(round_op.round_ste(x).cpu(), exact_round_half_up(x.cpu()))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_float32_random_bit_patterns(device):
+    """2^20 random float32 bit patterns, and every value near +-0.5, +-1.5."""
+    if device == "cuda" and not cuda_usable(BUILD_INFO):
+        pytest.skip("needs a CUDA GPU and a CUDA build")
+    bits = torch.randint(-(2**31), 2**31, (1 << 20,), dtype=torch.int64).to(torch.int32)
+    near = torch.tensor([-1.5, -0.5, 0.5, 1.5]).view(torch.int32)
+    near = (near[:, None] + torch.arange(-64, 65, dtype=torch.int32)).flatten()
+    x = torch.cat([bits, near]).view(torch.float32).to(device)
+    assert_same_bits(round_op.round_ste(x).cpu(), exact_round_half_up(x.cpu()))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16], ids=str)
+def test_negative_zero_rounds_to_positive_zero(device, dtype):
+    if device == "cuda" and not cuda_usable(BUILD_INFO):
+        pytest.skip("needs a CUDA GPU and a CUDA build")
+    x = torch.tensor([-0.0, 0.0, -0.25, -0.5, -0.49, 0.25], dtype=dtype, device=device)
+    out = round_op.round_ste(x)
+    assert torch.equal(out, torch.zeros_like(out)) and not out.signbit().any()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_allocation_failure_names_the_op_and_size(device):
+    if device == "cuda" and not cuda_usable(BUILD_INFO):
+        pytest.skip("needs a CUDA GPU and a CUDA build")
+    huge = torch.zeros(1, device=device).expand(2**50)  # 4 PiB once materialized
+    with pytest.raises(RuntimeError, match=rf"^{OP}: could not allocate an output, a float32 tensor of "
+                       r"shape \[1125899906842624\] \(4503599627370496 bytes\) on (cpu|cuda:\d+) "
+                       r"\(out of memory\?\)$"):
+        round_op.round_ste(huge)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -108,9 +108,9 @@ inline bool writable_in_place(const Tensor& out, const Tensor& in) {
 // The functional overload, after check_inputs: a new contiguous tensor.
 template <typename Run>
 Tensor add_new(const Tensor& a, const Tensor& b, Run&& run) {
-  Tensor result = opscommon::empty_contiguous_like(a);
+  Tensor result = opscommon::empty_contiguous_like(kAdd, a);
   if (result.numel() == 0) return result;
-  run(result, opscommon::contiguous_of(a), opscommon::contiguous_of(b));
+  run(result, opscommon::contiguous_of(kAdd, "a", a), opscommon::contiguous_of(kAdd, "b", b));
   return result;
 }
 
@@ -121,13 +121,13 @@ Tensor add_new(const Tensor& a, const Tensor& b, Run&& run) {
 template <typename Run>
 void add_into(const Tensor& a, const Tensor& b, Tensor& out, Run&& run) {
   if (out.numel() == 0) return;
-  const Tensor ac = opscommon::contiguous_of(a);
-  const Tensor bc = opscommon::contiguous_of(b);
+  const Tensor ac = opscommon::contiguous_of(kAdd, "a", a);
+  const Tensor bc = opscommon::contiguous_of(kAdd, "b", b);
   if (out.is_contiguous() && writable_in_place(out, ac) && writable_in_place(out, bc)) {
     run(out, ac, bc);
     return;
   }
-  Tensor tmp = opscommon::empty_contiguous_like(ac);
+  Tensor tmp = opscommon::empty_contiguous_like(kAdd, ac);
   run(tmp, ac, bc);
   torch::stable::copy_(out, tmp);
 }

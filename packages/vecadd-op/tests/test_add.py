@@ -7,6 +7,7 @@ import re
 
 import pytest
 import torch
+import torch.autograd.forward_ad as fwAD
 
 import vecadd_op
 from opscommon.testing import DEVICES, LAYOUTS, BadInput, OpContract, cuda_usable, with_layout
@@ -196,6 +197,63 @@ def test_out_bumps_the_version_counter():
         vecadd_op.add(a, b, out=y)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         y.sum().backward()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_out_inference_tensor_refused_outside_inference_mode(device):
+    # As torch.add(a, b, out=o) refuses, and before anything is written.
+    device = needs_device(device)
+    a, b = torch.rand(4, 5, device=device), torch.rand(4, 5, device=device)
+    with torch.inference_mode():
+        o = torch.full((4, 5), 7.0, device=device)
+        ai, bi = a.clone(), b.clone()
+    with pytest.raises(RuntimeError, match="Inplace update to inference tensor outside InferenceMode"):
+        torch.add(a, b, out=o)
+    with torch.inference_mode():
+        o.fill_(7.0)  # (torch.add raises after writing)
+    for add in (vecadd_op.add, torch.ops.vecadd_op.add.out, torch.ops.vecadd_op.add):
+        for x, y in ((a, b), (ai, bi), (a, bi)):
+            with pytest.raises(RuntimeError, match=f"^{OP}: argument 'out' is an inference tensor: Inplace "
+                               "update to inference tensor outside InferenceMode is not allowed"):
+                add(x, y, out=o)
+            assert torch.equal(o, torch.full((4, 5), 7.0, device=device))
+    with torch.inference_mode():  # inside inference mode: allowed, as for torch.add
+        assert vecadd_op.add(a, b, out=o) is o
+        torch.testing.assert_close(o, a + b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_out_refuses_forward_ad_and_vmap(device):
+    # out= has no derivative (as torch.add(..., out=)): dual tensors and
+    # torch.func.jvp / vmap are refused with the op's name, never a dropped tangent.
+    device = needs_device(device)
+    a, b, t = (torch.rand(3, device=device, dtype=torch.float64) for _ in range(3))
+    for add in (vecadd_op.add, torch.ops.vecadd_op.add.out):
+        out = torch.zeros(3, device=device, dtype=torch.float64)
+        with fwAD.dual_level():
+            for args in ((fwAD.make_dual(a, t), b), (a, fwAD.make_dual(b, t))):
+                with pytest.raises(RuntimeError, match=f"^{OP}: argument '[ab]' has a forward-mode AD tangent, "
+                                   "but out= does not support forward-mode automatic differentiation"):
+                    add(*args, out=out)
+        assert torch.equal(out, torch.zeros_like(out))
+        with pytest.raises(RuntimeError, match=f"^{OP}: argument 'a' has a forward-mode AD tangent"):
+            torch.func.jvp(lambda x: add(x, b, out=torch.zeros_like(b)), (a,), (t,))
+        with pytest.raises(RuntimeError, match="vecadd_op::add.out"):
+            torch.func.vmap(lambda x: add(x, b[0], out=torch.zeros_like(b[0])))(a)
+        # Without tangents a dual level changes nothing.
+        with fwAD.dual_level():
+            assert add(a, b, out=out) is out
+        torch.testing.assert_close(out, a + b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_allocation_failure_names_the_op_and_size(device):
+    device = needs_device(device)
+    huge = torch.zeros(1, device=device).expand(2**50)  # 4 PiB once materialized
+    with pytest.raises(RuntimeError, match=f"^{OP}: could not allocate an output, a float32 tensor of shape "
+                       + message("[1125899906842624] (4503599627370496 bytes) on ") + r"(cpu|cuda:\d+) "
+                       + message("(out of memory?)") + "$"):
+        vecadd_op.add(huge, huge)
 
 
 # -- aliasing -------------------------------------------------------------------

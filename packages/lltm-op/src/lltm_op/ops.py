@@ -11,17 +11,28 @@ The bias is added inside the cell kernel (it costs nothing there) so that its
 gradient, the sum of d_gates over the batch, comes out of the backward
 kernel's own pass instead of a second read of d_gates. Autograd: torch
 differentiates cat and mm (dX, dW); the cell's backward,
-``lltm_op::cell_backward``, recomputes the activations from what the cell
-saves (gates, bias, old_cell: no activations) and returns d_gates, d_bias
-and d_old_cell.
+``lltm_op::cell_backward_from_new_cell``, recomputes the activations from
+what the cell saves (gates, bias and its own output new_cell: no
+activations, and not old_cell, which a stateful loop may overwrite in place
+after the step) and returns d_gates, d_bias and d_old_cell.
+
+Every autograd feature works: backward; double backward (with
+create_graph=True the backward runs as differentiable torch ops, so
+gradient penalties work); forward mode (torch.autograd.forward_ad,
+torch.func.jvp / jacfwd: an exact JVP in torch ops); torch.func.grad, vjp,
+jacrev, hessian and vmap (vmap rules for the cell ops); autocast (the cell
+runs in the dtype torch's type promotion gives the pure-PyTorch cell).
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 import os
 
 import torch
+import torch.autograd.forward_ad as _fwad
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import _runtime
@@ -29,12 +40,17 @@ from . import _runtime
 OP = "lltm_op.lltm"
 OP_CELL_FORWARD = "lltm_op.cell_forward"
 OP_CELL_BACKWARD = "lltm_op.cell_backward"
+OP_CELL_BACKWARD_NEW = "lltm_op.cell_backward_from_new_cell"
 
 _runtime.load_library(os.path.dirname(os.path.abspath(__file__)))
-_runtime.register_missing_cuda("lltm_op", ["cell_forward", "cell_backward"])
+_runtime.register_missing_cuda(
+    "lltm_op", ["cell_forward", "cell_backward", "cell_backward_from_new_cell"]
+)
 
 _cell_forward = torch.ops.lltm_op.cell_forward.default
 _cell_backward = torch.ops.lltm_op.cell_backward.default
+_cell_backward_new = torch.ops.lltm_op.cell_backward_from_new_cell.default
+_INT64_MAX = 2**63 - 1
 
 _FLOATING = _runtime.FLOATING_DTYPES
 
@@ -51,19 +67,26 @@ def _check_same_device(op: str, arg_a: str, a: Tensor, arg_b: str, b: Tensor) ->
         )
 
 
-def _check_cell(op: str, gates: Tensor, bias: Tensor, old_cell: Tensor) -> tuple[int, int]:
+def _check_cell(
+    op: str, gates: Tensor, bias: Tensor, old_cell: Tensor, cell_arg: str = "old_cell"
+) -> tuple[int, int]:
     # Same checks, order and messages as check_cell_args in csrc/lltm.h.
     _runtime.check_dtype(op, "gates", gates, _FLOATING)
     _runtime.check_dtype(op, "bias", bias, _FLOATING)
-    _runtime.check_dtype(op, "old_cell", old_cell, _FLOATING)
-    _runtime.check_shape(op, "old_cell", old_cell, (-1, -1))
+    _runtime.check_dtype(op, cell_arg, old_cell, _FLOATING)
+    _runtime.check_shape(op, cell_arg, old_cell, (-1, -1))
     batch, state = old_cell.shape
+    if isinstance(state, int) and 3 * state > _INT64_MAX:
+        raise RuntimeError(
+            f"{op}: argument '{cell_arg}' has {state} columns (the state size); 3 times that "
+            f"overflows int64"
+        )
     _runtime.check_shape(op, "gates", gates, (batch, 3 * state))
     _runtime.check_shape(op, "bias", bias, (3 * state,))
     _runtime.check_same_dtype(op, "gates", gates, "bias", bias)
-    _runtime.check_same_dtype(op, "gates", gates, "old_cell", old_cell)
+    _runtime.check_same_dtype(op, "gates", gates, cell_arg, old_cell)
     _check_same_device(op, "gates", gates, "bias", bias)
-    _check_same_device(op, "gates", gates, "old_cell", old_cell)
+    _check_same_device(op, "gates", gates, cell_arg, old_cell)
     return batch, state
 
 
@@ -85,13 +108,10 @@ def _cell_forward_fake(gates: Tensor, bias: Tensor, old_cell: Tensor) -> tuple[T
     return gates.new_empty((batch, state)), gates.new_empty((batch, state))
 
 
-@torch.library.register_fake("lltm_op::cell_backward")
-def _cell_backward_fake(
-    grad_h: Tensor | None, grad_cell: Tensor | None, gates: Tensor, bias: Tensor, old_cell: Tensor
-) -> tuple[Tensor, Tensor, Tensor]:
-    batch, state = _check_cell(OP_CELL_BACKWARD, gates, bias, old_cell)
-    _check_grad(OP_CELL_BACKWARD, "grad_h", grad_h, gates, batch, state)
-    _check_grad(OP_CELL_BACKWARD, "grad_cell", grad_cell, gates, batch, state)
+def _backward_fake(op: str, cell_arg: str, grad_h, grad_cell, gates, bias, cell):
+    batch, state = _check_cell(op, gates, bias, cell, cell_arg)
+    _check_grad(op, "grad_h", grad_h, gates, batch, state)
+    _check_grad(op, "grad_cell", grad_cell, gates, batch, state)
     return (
         gates.new_empty((batch, 3 * state)),
         gates.new_empty((3 * state,)),
@@ -99,66 +119,257 @@ def _cell_backward_fake(
     )
 
 
-# -- autograd of cell_forward ----------------------------------------------------
+@torch.library.register_fake("lltm_op::cell_backward")
+def _cell_backward_fake(
+    grad_h: Tensor | None, grad_cell: Tensor | None, gates: Tensor, bias: Tensor, old_cell: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    return _backward_fake(OP_CELL_BACKWARD, "old_cell", grad_h, grad_cell, gates, bias, old_cell)
 
 
-def _cell_setup_context(ctx, inputs, output) -> None:
-    gates, bias, old_cell = inputs
-    # The kernel's own inputs are all the backward needs: it recomputes the
-    # gates, sigmoid, ELU and tanh instead of keeping them.
-    ctx.save_for_backward(gates, bias, old_cell)
-    # A gradient autograd does not have (only new_h or only new_cell used)
-    # stays None and the kernel reads it as zero: no zero tensor is made.
-    ctx.set_materialize_grads(False)
+@torch.library.register_fake("lltm_op::cell_backward_from_new_cell")
+def _cell_backward_new_fake(
+    grad_h: Tensor | None, grad_cell: Tensor | None, gates: Tensor, bias: Tensor, new_cell: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    return _backward_fake(OP_CELL_BACKWARD_NEW, "new_cell", grad_h, grad_cell, gates, bias, new_cell)
 
 
-def _cell_backward_formula(ctx, grad_h: Tensor | None, grad_cell: Tensor | None):
-    if grad_h is None and grad_cell is None:
-        return None, None, None
-    gates, bias, old_cell = ctx.saved_tensors
-    d_gates, d_bias, d_old_cell = _cell_backward(grad_h, grad_cell, gates, bias, old_cell)
-    needs = ctx.needs_input_grad
-    return d_gates, (d_bias if needs[1] else None), (d_old_cell if needs[2] else None)
+# -- the cell's math in torch ops ------------------------------------------------------
+# The derivatives that no kernel computes: the JVP, and the backward when it
+# must itself be differentiable (double backward, torch.func). Any leading
+# batch dimensions (vmap rules); the half types compute in float32, as the
+# kernels do.
 
 
-torch.library.register_autograd(
-    "lltm_op::cell_forward", _cell_backward_formula, setup_context=_cell_setup_context
-)
+def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def _activations(gates: Tensor, bias: Tensor):
+    """i, o, z = elu(gz) and elu'(gz) of the pre-activations gates + bias."""
+    acc = _acc_dtype(gates.dtype)
+    gi, go, gz = (gates.to(acc) + bias.to(acc)).chunk(3, dim=-1)
+    i, o = torch.sigmoid(gi), torch.sigmoid(go)
+    # elu'(x) = 1 for x > 0, exp(x) below: exp(min(x, 0)), whose own
+    # derivative is right too (double backward).
+    return i, o, F.elu(gz), torch.exp(torch.clamp(gz, max=0))
+
+
+def _cell_backward_torch(
+    grad_h: Tensor | None, grad_cell: Tensor | None, gates: Tensor, bias: Tensor, cell: Tensor,
+    from_new_cell: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """cell_backward (cell = old_cell) or cell_backward_from_new_cell
+    (cell = new_cell) as differentiable torch ops."""
+    dtype, acc = gates.dtype, _acc_dtype(gates.dtype)
+    i, o, z, dz = _activations(gates, bias)
+    c = cell.to(acc)
+    t = torch.tanh(c if from_new_cell else c + z * i)
+    d_c = grad_cell.to(acc) if grad_cell is not None else None
+    if grad_h is not None:
+        gh = grad_h.to(acc)
+        from_h = gh * o * (1 - t * t)
+        d_c = from_h if d_c is None else d_c + from_h
+        d_go = gh * t * (o * (1 - o))
+    else:
+        d_go = torch.zeros_like(o)
+    if d_c is None:
+        d_c = torch.zeros_like(t)
+    d_gates = torch.cat((d_c * z * (i * (1 - i)), d_go, d_c * i * dz), dim=-1)
+    return d_gates.to(dtype), d_gates.sum(dim=-2).to(dtype), d_c.to(dtype)
+
+
+def _cell_jvp_torch(
+    gates: Tensor, bias: Tensor, new_cell: Tensor,
+    t_gates: Tensor | None, t_bias: Tensor | None, t_old_cell: Tensor | None,
+) -> tuple[Tensor, Tensor]:
+    """Tangents of (new_h, new_cell) from those of (gates, bias, old_cell)."""
+    dtype, acc = gates.dtype, _acc_dtype(gates.dtype)
+    i, o, z, dz = _activations(gates, bias)
+    t = torch.tanh(new_cell.to(acc))
+    t_new_c = t_old_cell.to(acc) if t_old_cell is not None else None
+    t_go = None
+    if t_gates is not None or t_bias is not None:
+        if t_gates is None:
+            t_pre = t_bias.to(acc)
+        elif t_bias is None:
+            t_pre = t_gates.to(acc)
+        else:
+            t_pre = t_gates.to(acc) + t_bias.to(acc)
+        t_gi, t_go, t_gz = t_pre.chunk(3, dim=-1)
+        from_gates = z * (i * (1 - i)) * t_gi + i * dz * t_gz
+        t_new_c = from_gates if t_new_c is None else t_new_c + from_gates
+    t_new_h = o * (1 - t * t) * t_new_c
+    if t_go is not None:
+        t_new_h = t_new_h + t * (o * (1 - o)) * t_go
+    # Broadcast to the outputs' shape (a tangent of the bias alone has none
+    # of the batch).
+    t_new_h = t_new_h.expand_as(t).to(dtype)
+    t_new_c = t_new_c.expand_as(t).to(dtype)
+    return t_new_h, t_new_c
+
+
+# -- autograd of the cell ops ----------------------------------------------------------
 
 _below_autograd = torch._C._AutoDispatchBelowAutograd
+_grad_enabled = torch.is_grad_enabled
+_functorch_active = _runtime.functorch_active
+_is_compiling = torch.compiler.is_compiling
 
 
-class _CellFunction(torch.autograd.Function):
-    """The eager fast path to the same forward, backward and saved tensors.
-
-    Calling the op through the dispatcher runs the Python autograd kernel that
-    register_autograd installs (argument normalisation, a generated Function,
-    a redispatch) on every step; this Function calls the kernel directly,
-    below autograd, and is several microseconds cheaper per call, which
-    matters where the cell is launch-bound. torch.compile traces the op
-    itself (see lltm) and gets the registered autograd above.
-    """
-
-    @staticmethod
-    def forward(ctx, gates: Tensor, bias: Tensor, old_cell: Tensor) -> tuple[Tensor, Tensor]:
-        with _below_autograd():
-            out = _cell_forward(gates, bias, old_cell)
-        _cell_setup_context(ctx, (gates, bias, old_cell), out)
-        return out
-
-    backward = staticmethod(_cell_backward_formula)
-
-
-def _cell(gates: Tensor, bias: Tensor, old_cell: Tensor) -> tuple[Tensor, Tensor]:
-    if torch.compiler.is_compiling():
-        return _cell_forward(gates, bias, old_cell)
-    if torch.is_grad_enabled() and (gates.requires_grad or bias.requires_grad or old_cell.requires_grad):
-        return _CellFunction.apply(gates, bias, old_cell)
+def _cell_forward_below_autograd(gates: Tensor, bias: Tensor, old_cell: Tensor):
     with _below_autograd():
         return _cell_forward(gates, bias, old_cell)
 
 
+def _derivative_of_backward_needed() -> bool:
+    # create_graph=True (double backward, gradient penalties), torch.func
+    # (hessian, jacrev of grad, vmap over the backward) or forward AD
+    # (forward-over-reverse): the backward must be differentiable itself.
+    return _grad_enabled() or _fwad._current_level >= 0 or _functorch_active()
+
+
+class _CellFunction(torch.autograd.Function):
+    """The autograd of lltm_op::cell_forward: reverse mode (the fused
+    backward kernel; torch ops when the backward must be differentiable)
+    and forward mode (an exact JVP), at any torch.func level (vmap levels
+    use the vmap rules below).
+
+    Saved: gates, bias and new_cell (an output): not old_cell, which a
+    stateful loop may overwrite in place (``c.copy_(new_c)``) before the
+    backward, as it may with the pure-PyTorch cell."""
+
+    @staticmethod
+    def forward(ctx, gates: Tensor, bias: Tensor, old_cell: Tensor) -> tuple[Tensor, Tensor]:
+        new_h, new_cell = _cell_forward_below_autograd(gates, bias, old_cell)
+        ctx.save_for_backward(gates, bias, new_cell)
+        if _fwad._current_level >= 0 or _functorch_active():
+            ctx.save_for_forward(gates, bias, new_cell)
+        # A gradient autograd does not have (only new_h or only new_cell used)
+        # stays None and the kernel reads it as zero: no zero tensor is made.
+        ctx.set_materialize_grads(False)
+        return new_h, new_cell
+
+    @staticmethod
+    def backward(ctx, grad_h: Tensor | None, grad_cell: Tensor | None):
+        if grad_h is None and grad_cell is None:
+            return None, None, None
+        gates, bias, new_cell = ctx.saved_tensors
+        if _derivative_of_backward_needed():
+            d_gates, d_bias, d_old_cell = _cell_backward_torch(
+                grad_h, grad_cell, gates, bias, new_cell, True
+            )
+        else:
+            with _below_autograd():
+                d_gates, d_bias, d_old_cell = _cell_backward_new(
+                    grad_h, grad_cell, gates, bias, new_cell
+                )
+        needs = ctx.needs_input_grad
+        return (
+            d_gates if needs[0] else None,
+            d_bias if needs[1] else None,
+            d_old_cell if needs[2] else None,
+        )
+
+    @staticmethod
+    def jvp(ctx, t_gates: Tensor | None, t_bias: Tensor | None, t_old_cell: Tensor | None):
+        gates, bias, new_cell = ctx.saved_tensors
+        return _cell_jvp_torch(gates, bias, new_cell, t_gates, t_bias, t_old_cell)
+
+
+_runtime.register_autograd("lltm_op::cell_forward", _CellFunction)
+# The backward ops are differentiable too: their derivative is that of the
+# same math in torch ops (double backward through a direct call of them).
+_runtime.register_composite_autograd(
+    "lltm_op::cell_backward",
+    lambda gh, gc, gates, bias, old_cell: _cell_backward_torch(gh, gc, gates, bias, old_cell, False),
+)
+_runtime.register_composite_autograd(
+    "lltm_op::cell_backward_from_new_cell",
+    lambda gh, gc, gates, bias, new_cell: _cell_backward_torch(gh, gc, gates, bias, new_cell, True),
+)
+
+
+# -- vmap rules ---------------------------------------------------------------------------
+# Batched operands go to the front; with an unbatched bias the batch folds
+# into the kernels' rows (one call), else the torch-op math runs.
+
+
+def _to_front(info, t: Tensor | None, dim: int | None) -> Tensor | None:
+    if t is None:
+        return None
+    if dim is None:
+        return t.expand(info.batch_size, *t.shape)
+    return t.movedim(dim, 0)
+
+
+def _cell_forward_vmap(info, in_dims, gates, bias, old_cell):
+    n = info.batch_size
+    g, c = _to_front(info, gates, in_dims[0]), _to_front(info, old_cell, in_dims[2])
+    if in_dims[1] is None:
+        batch, state = c.shape[1], c.shape[2]
+        new_h, new_c = _cell_forward(
+            g.reshape(n * batch, 3 * state), bias, c.reshape(n * batch, state)
+        )
+        return (new_h.view(n, batch, state), new_c.view(n, batch, state)), (0, 0)
+    b = _to_front(info, bias, in_dims[1]).unsqueeze(1)
+    dtype, acc = gates.dtype, _acc_dtype(gates.dtype)
+    i, o, z, _ = _activations(g, b)
+    new_c = c.to(acc) + z * i
+    return ((torch.tanh(new_c) * o).to(dtype), new_c.to(dtype)), (0, 0)
+
+
+def _backward_vmap(op, from_new_cell: bool):
+    def rule(info, in_dims, grad_h, grad_cell, gates, bias, cell):
+        n = info.batch_size
+        gh, gc = _to_front(info, grad_h, in_dims[0]), _to_front(info, grad_cell, in_dims[1])
+        g, c = _to_front(info, gates, in_dims[2]), _to_front(info, cell, in_dims[4])
+        if in_dims[3] is None:
+            batch, state = c.shape[1], c.shape[2]
+
+            def rows(t, width):
+                return None if t is None else t.reshape(n * batch, width)
+
+            d_gates, _, d_old_c = op(
+                rows(gh, state), rows(gc, state), rows(g, 3 * state), bias, rows(c, state)
+            )
+            d_gates = d_gates.view(n, batch, 3 * state)
+            d_bias = d_gates.to(_acc_dtype(d_gates.dtype)).sum(dim=1).to(d_gates.dtype)
+            return (d_gates, d_bias, d_old_c.view(n, batch, state)), (0, 0, 0)
+        b = _to_front(info, bias, in_dims[3]).unsqueeze(1)
+        d_gates, _, d_old_c = _cell_backward_torch(gh, gc, g, b, c, from_new_cell)
+        d_bias = d_gates.to(_acc_dtype(d_gates.dtype)).sum(dim=1).to(d_gates.dtype)
+        return (d_gates, d_bias, d_old_c), (0, 0, 0)
+
+    return rule
+
+
+torch.library.register_vmap("lltm_op::cell_forward", _cell_forward_vmap)
+torch.library.register_vmap("lltm_op::cell_backward", _backward_vmap(_cell_backward, False))
+torch.library.register_vmap(
+    "lltm_op::cell_backward_from_new_cell", _backward_vmap(_cell_backward_new, True)
+)
+
+
+def _cell(gates: Tensor, bias: Tensor, old_cell: Tensor) -> tuple[Tensor, Tensor]:
+    if _is_compiling() or _functorch_active():
+        # torch.compile traces the registered op (and its registered
+        # autograd); torch.func transforms run that autograd and the vmap
+        # rules level by level.
+        return _cell_forward(gates, bias, old_cell)
+    if (
+        _grad_enabled() and (gates.requires_grad or bias.requires_grad or old_cell.requires_grad)
+    ) or _fwad._current_level >= 0:
+        # Straight to the Function: the op's Python autograd kernel would
+        # only add a dispatcher round trip.
+        return _CellFunction.apply(gates, bias, old_cell)
+    return _cell_forward_below_autograd(gates, bias, old_cell)
+
+
 # -- the public function -----------------------------------------------------------
+
+
+def _autocast_on(device: torch.device) -> bool:
+    return torch.is_autocast_enabled(device.type)
 
 
 def _explain_bad_args(input, weights, bias, old_h, old_cell) -> None:
@@ -167,9 +378,15 @@ def _explain_bad_args(input, weights, bias, old_h, old_cell) -> None:
     for name, t in args.items():
         _runtime.check_tensor(OP, name, t)
     _runtime.check_dtype(OP, "input", input, _FLOATING)
+    # Under autocast, floating dtypes may differ, as the pure-PyTorch cell
+    # allows (an input from an autocast layer in bfloat16, float32 weights).
+    mixed_ok = _autocast_on(input.device)
     for name, t in args.items():
         if name != "input":
-            _runtime.check_same_dtype(OP, "input", input, name, t)
+            if mixed_ok:
+                _runtime.check_dtype(OP, name, t, _FLOATING)
+            else:
+                _runtime.check_same_dtype(OP, "input", input, name, t)
     for name, t in args.items():
         if name != "input":
             _check_same_device(OP, "input", input, name, t)
@@ -228,21 +445,42 @@ def lltm(input: Tensor, weights: Tensor, bias: Tensor, old_h: Tensor, old_cell: 
 
     All five on one device (CPU or CUDA), one dtype (float16, bfloat16,
     float32 or float64; the half types compute in float32 inside the cell
-    kernels); any strides.
+    kernels); any strides. Under ``torch.autocast`` the dtypes may differ,
+    as in the pure-PyTorch cell (:func:`lltm_reference`): the matrix product
+    runs in the autocast dtype and the cell in the dtype type promotion gives
+    that cell (``promote_types(autocast dtype, old_cell.dtype)``).
 
     Returns:
         ``(new_h, new_cell)``, both ``[B, S]``, contiguous, differentiable
-        with respect to all five inputs.
+        with respect to all five inputs: backward, double backward
+        (``create_graph=True``), forward mode (``torch.func.jvp``, dual
+        tensors) and ``torch.func`` transforms (grad, vjp, jacrev, jacfwd,
+        hessian, vmap). The backward does not read ``old_cell``, so the
+        caller may overwrite it in place (a state buffer) after the call.
     """
     if not _args_ok(input, weights, bias, old_h, old_cell):
         _explain_bad_args(input, weights, bias, old_h, old_cell)
     gates = torch.mm(torch.cat((old_h, input), 1), weights.t())
-    if gates.dtype is not bias.dtype:
-        # Under autocast the product comes back in the autocast dtype: the
-        # cell then runs in the parameters' dtype (as torch's elementwise
-        # type promotion would), differentiably.
-        gates = gates.to(bias.dtype)
+    dtype = old_cell.dtype
+    if gates.dtype is not dtype or bias.dtype is not dtype:
+        # Autocast: the product came back in the autocast dtype (or the
+        # arguments' dtypes differ). The pure-PyTorch cell's outputs have the
+        # dtype of old_cell + candidate * input_gate, the candidate and gates
+        # being in the product's dtype: run the cell in that dtype.
+        dtype = torch.promote_types(gates.dtype, dtype)
+        gates, bias, old_cell = gates.to(dtype), bias.to(dtype), old_cell.to(dtype)
     return _cell(gates, bias, old_cell)
+
+
+def _check_size(name: str, value, minimum: int) -> int:
+    # As nn.LSTM / nn.Linear check theirs: an int (not a bool), at least minimum.
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"LLTM: {name} must be an integer, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(
+            f"LLTM: {name} must be {'positive' if minimum else 'non-negative'}, got {value}"
+        )
+    return int(value)
 
 
 class LLTM(nn.Module):
@@ -254,8 +492,8 @@ class LLTM(nn.Module):
 
     def __init__(self, input_features: int, state_size: int, *, device=None, dtype=None) -> None:
         super().__init__()
-        self.input_features = input_features
-        self.state_size = state_size
+        self.input_features = _check_size("input_features", input_features, 0)
+        self.state_size = _check_size("state_size", state_size, 1)
         factory = {"device": device, "dtype": dtype}
         # 3 * state_size rows: input gate, output gate, candidate cell; the
         # columns multiply [old_h, input].

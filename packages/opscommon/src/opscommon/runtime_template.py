@@ -179,6 +179,7 @@ _any_requires_grad = torch._C._any_requires_grad
 functorch_active = torch._C._are_functorch_transforms_active
 _single_level_allowed = torch._C._functorch.get_single_level_autograd_function_allowed
 _set_single_level_allowed = torch._C._functorch.set_single_level_autograd_function_allowed
+_set_fwd_grad_enabled = _forward_ad._set_fwd_grad_enabled
 
 
 def forward_ad_active() -> bool:
@@ -208,9 +209,21 @@ def register_autograd(qualname: str, function: type) -> None:
     opname, _, overload = name.partition(".")
     op = getattr(getattr(getattr(torch.ops, ns), opname), overload or "default")
     apply = function.apply
-    # The apply of torch.autograd.Function's base, which torch.func levels
-    # need (Function.apply would start the transforms over, from the top).
-    single_level_apply = super(torch.autograd.Function, function).apply
+
+    # Under torch.func: the Function at one level. Its forward hands the op
+    # on to the lower levels with grad and forward grad on (the lower level
+    # restores its own modes: off only where it was entered with them off),
+    # as torch.func's own generated single-level Functions do.
+    def level_forward(ctx, *args):
+        with torch.enable_grad(), _set_fwd_grad_enabled(True):
+            return function.forward(ctx, *args)
+
+    level_function = type(
+        function.__name__ + "Level", (function,), {"forward": staticmethod(level_forward)}
+    )
+    # The apply of torch.autograd.Function's base: Function.apply would start
+    # the transforms over, from the top.
+    single_level_apply = super(torch.autograd.Function, level_function).apply
     below_autograd = torch._C._AutoDispatchBelowAutograd
     after_autograd = torch._C._after_autograd_keyset
 
@@ -226,6 +239,29 @@ def register_autograd(qualname: str, function: type) -> None:
                 _set_single_level_allowed(allowed)
         if (_grad_enabled() and _any_requires_grad(*args)) or _forward_ad._current_level >= 0:
             return apply(*args)
+        with below_autograd():
+            return op.redispatch(keyset & after_autograd, *args)
+
+    lib = torch.library.Library(ns, "IMPL")
+    lib.impl(name, autograd_kernel, "Autograd", with_keyset=True)
+    _KEEP_ALIVE.append(lib)
+
+
+def register_composite_autograd(qualname: str, fn) -> None:
+    """Give the custom op ``qualname`` the derivative of ``fn``, the same
+    math in differentiable torch ops: when anything may be differentiated
+    (see ``differentiating``) ``fn`` runs in place of the kernel, and
+    autograd, forward AD and torch.func differentiate its torch ops; else the
+    kernel runs below autograd."""
+    ns, _, name = qualname.partition("::")
+    opname, _, overload = name.partition(".")
+    op = getattr(getattr(getattr(torch.ops, ns), opname), overload or "default")
+    below_autograd = torch._C._AutoDispatchBelowAutograd
+    after_autograd = torch._C._after_autograd_keyset
+
+    def autograd_kernel(keyset, *args):
+        if differentiating(*args):
+            return fn(*args)
         with below_autograd():
             return op.redispatch(keyset & after_autograd, *args)
 

@@ -12,7 +12,11 @@ runs every ``test_*`` method below for it:
 * bad input: a clear error naming the op and the argument;
 * reliability: property tests (hypothesis) over shapes, layouts and special
   values, calls from several threads and CUDA streams, CUDA graph capture and
-  replay, and no memory growth over repeated calls.
+  replay, and no memory growth over repeated calls;
+* every autograd feature right: forward-mode AD (dual tensors), double
+  backward, and the torch.func transforms (grad, vjp, jvp, jacrev, jacfwd,
+  hessian, vmap), each against the reference, with no warning; a feature an
+  op refuses must raise an error naming the op (``refused_derivatives``).
 
 CUDA variants carry the ``cuda`` marker and skip without a GPU or without a
 CUDA build of the package.
@@ -23,11 +27,13 @@ from __future__ import annotations
 import concurrent.futures
 import gc
 import os
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Sequence
 
 import pytest
 import torch
+import torch.autograd.forward_ad as fwAD
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -238,7 +244,206 @@ def _gpu_bytes(device: str) -> int:
     return torch.cuda.memory_allocated() if device == "cuda" else 0
 
 
-class OpContract(ReliabilityContract):
+# -- derivatives -------------------------------------------------------------------
+
+#: The derivative features the contract checks (names for refused_derivatives).
+DERIVATIVES = ("forward_ad", "jvp", "vjp", "grad", "jacrev", "jacfwd", "hessian", "vmap",
+               "double_backward")
+
+
+class DerivativeContract:
+    """Mixin of OpContract: every autograd feature against the reference.
+
+    Float64 inputs from ``grad_cases``; the differentiable arguments are
+    ``grad_inputs``. The reference is ``derivative_reference`` (torch ops,
+    differentiable in every mode). A feature listed in the op's
+    ``refused_derivatives`` must instead raise a RuntimeError naming the op.
+    UserWarnings (torch's "autograd kernel was not registered", or the
+    vmap fallback's "performance drop") fail the tests.
+    """
+
+    #: Derivative features the op refuses with a clear error (see DERIVATIVES).
+    refused_derivatives: ClassVar[Sequence[str]] = ()
+
+    def derivative_reference(self, *inputs: Any) -> Any:
+        """The reference for derivatives; by default ``reference``."""
+        return self.reference(*inputs)
+
+    # -- helpers --------------------------------------------------------------
+    def _derivative_setup(self, case: Any, device: str):
+        """(inputs, positions of the differentiable ones, f(*diff) -> outputs
+        of the op, same for the reference)."""
+        inputs = tuple(t.detach() if isinstance(t, torch.Tensor) else t
+                       for t in self.make_inputs(case, torch.float64, device))
+        pos = [i for i in self.grad_inputs
+               if isinstance(inputs[i], torch.Tensor) and inputs[i].is_floating_point()]
+
+        def bind(fn):
+            def f(*diff):
+                full = list(inputs)
+                for i, d in zip(pos, diff):
+                    full[i] = d
+                return _as_tuple(fn(*full))
+            return f
+
+        return inputs, pos, bind(self.call), bind(self.derivative_reference)
+
+    def _refused(self, feature: str, run: Callable[[], Any]) -> bool:
+        if feature not in self.refused_derivatives:
+            return False
+        with pytest.raises(RuntimeError, match=self.op_name.split(".")[0]):
+            run()
+        return True
+
+    @staticmethod
+    def _close(got: Any, want: Any) -> None:
+        got, want = _as_tuple(got), _as_tuple(want)
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            if isinstance(w, (tuple, list)):
+                DerivativeContract._close(g, w)
+                continue
+            assert g is not None, "a derivative came back None"
+            torch.testing.assert_close(g, w)
+
+    # -- the tests ------------------------------------------------------------
+    @pytest.mark.parametrize("device", DEVICES)
+    def test_forward_ad_matches_reference(self, device: str) -> None:
+        """torch.autograd.forward_ad: dual tensors in, the exact tangent out
+        (never a dropped, None or zero tangent)."""
+        device = self._device(device)
+        for case in self.grad_cases:
+            inputs, pos, f, ref = self._derivative_setup(case, device)
+            tangents = [torch.randn_like(inputs[i]) for i in pos]
+
+            def run(fn):
+                with fwAD.dual_level():
+                    duals = [fwAD.make_dual(inputs[i], t) for i, t in zip(pos, tangents)]
+                    return [fwAD.unpack_dual(o).tangent for o in fn(*duals)]
+
+            if self._refused("forward_ad", lambda: run(f)):
+                return
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", UserWarning)
+                got = run(f)
+            self._close(got, run(ref))
+
+    @pytest.mark.parametrize("device", DEVICES)
+    def test_func_jvp_and_jacfwd_match_reference(self, device: str) -> None:
+        device = self._device(device)
+        for case in self.grad_cases:
+            inputs, pos, f, ref = self._derivative_setup(case, device)
+            primals = tuple(inputs[i] for i in pos)
+            tangents = tuple(torch.randn_like(p) for p in primals)
+            if self._refused("jvp", lambda: torch.func.jvp(f, primals, tangents)):
+                return
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", UserWarning)
+                out, tan = torch.func.jvp(f, primals, tangents)
+                jac = torch.func.jacfwd(f, argnums=tuple(range(len(pos))))(*primals)
+            want_out, want_tan = torch.func.jvp(ref, primals, tangents)
+            self._close(out, want_out)
+            self._close(tan, want_tan)
+            self._close(jac, torch.func.jacrev(ref, argnums=tuple(range(len(pos))))(*primals))
+
+    @pytest.mark.parametrize("device", DEVICES)
+    def test_func_vjp_grad_and_jacrev_match_reference(self, device: str) -> None:
+        device = self._device(device)
+        for case in self.grad_cases:
+            inputs, pos, f, ref = self._derivative_setup(case, device)
+            primals = tuple(inputs[i] for i in pos)
+            if self._refused("vjp", lambda: torch.func.vjp(f, *primals)[1](f(*primals))):
+                return
+            cotangents = tuple(torch.randn_like(o) for o in ref(*primals))
+            argnums = tuple(range(len(pos)))
+
+            def loss(fn):
+                return lambda *p: sum((o * w).sum() for o, w in zip(fn(*p), cotangents))
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", UserWarning)
+                got_vjp = torch.func.vjp(f, *primals)[1](cotangents)
+                got_grad = torch.func.grad(loss(f), argnums=argnums)(*primals)
+                got_jac = torch.func.jacrev(f, argnums=argnums)(*primals)
+            self._close(got_vjp, torch.func.vjp(ref, *primals)[1](cotangents))
+            self._close(got_grad, torch.func.grad(loss(ref), argnums=argnums)(*primals))
+            self._close(got_jac, torch.func.jacrev(ref, argnums=argnums)(*primals))
+
+    @pytest.mark.parametrize("device", DEVICES)
+    def test_second_derivatives_match_reference(self, device: str) -> None:
+        """Double backward (create_graph=True, a gradient penalty),
+        gradgradcheck, and torch.func.hessian (forward over reverse) and
+        grad of grad (reverse over reverse)."""
+        device = self._device(device)
+        for case in self.grad_cases:
+            inputs, pos, f, ref = self._derivative_setup(case, device)
+            primals = tuple(inputs[i] for i in pos)
+            weights = tuple(torch.randn_like(o) for o in ref(*primals))
+
+            def penalty_grads(fn):
+                diff = [p.clone().requires_grad_() for p in primals]
+                outs = fn(*diff)
+                loss = sum((o * o * w).sum() for o, w in zip(outs, weights))
+                grads = torch.autograd.grad(loss, diff, create_graph=True)
+                penalty = sum((g * g).sum() for g in grads)
+                return torch.autograd.grad(penalty, diff, allow_unused=True, materialize_grads=True)
+
+            if self._refused("double_backward", lambda: penalty_grads(f)):
+                return
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", UserWarning)
+                got = penalty_grads(f)
+            self._close(got, penalty_grads(ref))
+            if self.numerically_differentiable:
+                diff = tuple(p.clone().requires_grad_() for p in primals)
+                assert torch.autograd.gradgradcheck(f, diff, eps=1e-6, atol=1e-5)
+            if self._refused("hessian", lambda: torch.func.hessian(lambda *p: f(*p)[0].sum())(*primals)):
+                return
+
+            def scalar(fn):
+                return lambda *p: sum((o.sin() * w).sum() for o, w in zip(fn(*p), weights))
+
+            argnums = tuple(range(len(pos)))
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", UserWarning)
+                got_h = torch.func.hessian(scalar(f), argnums=argnums)(*primals)
+                got_gg = torch.func.grad(
+                    lambda *p: sum(g.square().sum() for g in torch.func.grad(scalar(f), argnums=argnums)(*p)),
+                    argnums=argnums)(*primals)
+            self._close(got_h, torch.func.hessian(scalar(ref), argnums=argnums)(*primals))
+            self._close(got_gg, torch.func.grad(
+                lambda *p: sum(g.square().sum() for g in torch.func.grad(scalar(ref), argnums=argnums)(*p)),
+                argnums=argnums)(*primals))
+
+    @pytest.mark.parametrize("device", DEVICES)
+    def test_func_vmap_matches_reference(self, device: str) -> None:
+        """vmap over a batch of inputs (all batched, and only the first
+        differentiable one batched), and vmap of grad (per-sample gradients)."""
+        device = self._device(device)
+        for case in self.grad_cases:
+            samples = [self._derivative_setup(case, device) for _ in range(3)]
+            _, pos, _, _ = samples[0]
+            batched = [torch.stack([s[0][i] for s in samples]) for i in pos]
+            f_all, ref_all = samples[0][2], samples[0][3]
+            first_only = tuple(0 if k == 0 else None for k in range(len(pos)))
+            unbatched = [b[0] for b in batched]
+            if self._refused("vmap", lambda: torch.func.vmap(f_all)(*batched)):
+                return
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", UserWarning)
+                got = torch.func.vmap(f_all)(*batched)
+                got_first = torch.func.vmap(f_all, in_dims=first_only)(batched[0], *unbatched[1:])
+                per_sample = torch.func.vmap(
+                    torch.func.grad(lambda *p: sum(o.sum() for o in f_all(*p))))(*batched)
+            want = [torch.stack(o) for o in zip(*(ref_all(*(b[n] for b in batched)) for n in range(3)))]
+            want_first = [torch.stack(o) for o in zip(*(ref_all(batched[0][n], *unbatched[1:]) for n in range(3)))]
+            self._close(got, want)
+            self._close(got_first, want_first)
+            self._close(per_sample, torch.func.vmap(
+                torch.func.grad(lambda *p: sum(o.sum() for o in ref_all(*p))))(*batched))
+
+
+class OpContract(ReliabilityContract, DerivativeContract):
     """Base class of every op's contract tests; subclass it as ``Test...``."""
 
     #: "<namespace>.<op>" as it appears in error messages.
