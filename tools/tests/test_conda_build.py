@@ -30,6 +30,15 @@ def test_build_order_of_some_packages_keeps_opscommon_first():
         cb.build_order(["no-such-op"])
 
 
+def test_cli_options_and_nox_words_mean_the_same():
+    a = cb.parse_args(["--cuda", "--render-only", "--packages=round-op,vecadd-op"])
+    b = cb.parse_args(["cuda", "render", "round-op", "vecadd-op"])
+    for args in (a, b):
+        assert (args.cuda, args.render_only, args.packages) == ("", True, ["round-op", "vecadd-op"])
+    c = cb.parse_args(["--cuda=13.0", "--variants-only"])
+    assert (c.cuda, c.variants_only, c.packages) == ("13.0", True, None)
+
+
 def test_requested_package():
     assert cb.requested_package([COMMON, "lltm-op", "round-op"], None) == "lltm-op"
     assert cb.requested_package([COMMON, "round-op"], None) == "round-op"
