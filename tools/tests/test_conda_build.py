@@ -16,8 +16,8 @@ from tools import conda_fixture, elf
 from tools.matrix import load
 from tools.packages import COMMON, op_packages
 
-
 # --------------------------------------------------------------------------- order
+
 
 def test_build_order_is_opscommon_then_every_op_package():
     assert cb.build_order() == [COMMON, *op_packages()]
@@ -54,6 +54,7 @@ def test_every_op_package_has_a_recipe_the_build_finds():
 
 # --------------------------------------------------------------------------- variants
 
+
 def _zipped_lengths_agree(variants: dict) -> None:
     for group in variants["zip_keys"]:
         assert len({len(variants[k]) for k in group}) == 1, group
@@ -74,8 +75,14 @@ def test_conda_forge_variants_come_from_matrix_toml():
 
 
 def test_bootstrap_variants_name_the_same_keys_one_value_each():
-    boot = {"c_compiler_version": "12", "cxx_compiler_version": "12", "c_stdlib_version": "2.28",
-            "pytorch": "2.13", "python": "3.11.* *_cpython", "python_min": "3.10"}
+    boot = {
+        "c_compiler_version": "12",
+        "cxx_compiler_version": "12",
+        "c_stdlib_version": "2.28",
+        "pytorch": "2.13",
+        "python": "3.11.* *_cpython",
+        "python_min": "3.10",
+    }
     v = cb.bootstrap_variants(boot, None)
     assert set(v) == set(cb.conda_forge_variants(load())) - {"zip_keys"}
     assert all(len(values) == 1 for values in v.values())
@@ -94,15 +101,18 @@ def test_write_variants_is_json(tmp_path):
 VARIANT = {"is_abi3": True, "is_python_min": False, "cuda_compiler_version": "None", "python": "3.11.* *_cpython"}
 
 
-@pytest.mark.parametrize("expr, expected", [
-    ("win", False),
-    ("linux", True),
-    ("not (is_abi3 and is_python_min)", True),
-    ("is_abi3 and not is_python_min", True),
-    ('cuda_compiler_version != "None"', False),
-    ('cuda_compiler_version in ("12.8", "12.9")', False),
-    ("true", True),
-])
+@pytest.mark.parametrize(
+    "expr, expected",
+    [
+        ("win", False),
+        ("linux", True),
+        ("not (is_abi3 and is_python_min)", True),
+        ("is_abi3 and not is_python_min", True),
+        ('cuda_compiler_version != "None"', False),
+        ('cuda_compiler_version in ("12.8", "12.9")', False),
+        ("true", True),
+    ],
+)
 def test_skip_value(expr, expected):
     assert cb.skip_value(expr, VARIANT) is expected
 
@@ -123,9 +133,11 @@ def test_skipped():
 
 # --------------------------------------------------------------------------- floor check
 
+
 def test_declared_floor_reads_the_run_requirements():
-    floor = cb.declared_floor(["python >=3.10", "__glibc >=2.28,<3.0.a0", "libstdcxx >=12", "libgcc >=12",
-                               "pytorch >=2.10 cpu*"])
+    floor = cb.declared_floor(
+        ["python >=3.10", "__glibc >=2.28,<3.0.a0", "libstdcxx >=12", "libgcc >=12", "pytorch >=2.10 cpu*"]
+    )
     assert floor == {"GLIBC": "2.28", "GLIBCXX": "3.4.30", "CXXABI": "1.3.13", "GCC": "12.0.0"}
     assert cb.declared_floor(["python"]) == {}
     # a newer GCC than the table knows is held to the newest it knows
@@ -163,12 +175,15 @@ def test_check_binary_above_the_floor_or_undeclared(binary):
 
 # --------------------------------------------------------------------------- fixture
 
+
 def test_fixture_wheel_tags():
     w = conda_fixture.WheelInfo(Path("x.whl"), "x", "1", ["py3-none-any"])
     assert w.version_independent
     assert conda_fixture.WheelInfo(Path("s.whl"), "s", "1", ["py2-none-any", "py3-none-any"]).version_independent
     assert conda_fixture.WheelInfo(Path("n.whl"), "n", "1", ["py3-none-manylinux_2_17_x86_64"]).version_independent
-    assert not conda_fixture.WheelInfo(Path("t.whl"), "t", "1", ["cp311-cp311-manylinux_2_28_x86_64"]).version_independent
+    assert not conda_fixture.WheelInfo(
+        Path("t.whl"), "t", "1", ["cp311-cp311-manylinux_2_28_x86_64"]
+    ).version_independent
 
 
 def test_fixture_python_spec():

@@ -28,7 +28,7 @@ def test_recipe_values_come_from_the_package(package):
     assert f"  name: {package}\n" in text
     assert f"  import_name: {package.replace('-', '_')}\n" in text
     assert f"path: ../../packages/{package}\n" in text
-    assert f'packages/{package}/pyproject.toml' in text
+    assert f"packages/{package}/pyproject.toml" in text
     assert f"pytorch >={load().torch_floor} ${{{{ torch_proc_type }}}}*" in text
     assert "  license_file: LICENSE\n" in text
     assert f"  homepage: {recipes.PROJECT_URL}\n" in text
@@ -53,7 +53,8 @@ def _fake_op(root, name="newthing-op", license_file=True):
         f'[project]\nname = "{name}"\nversion = "0.2.0"\n'
         'description = "A new op: it does things, fast"\nlicense = "BSD-3-Clause"\n'
         'dependencies = ["torch>=2.10"]\n'
-        '[project.optional-dependencies]\ntest = ["pytest", "numpy>=1.26", "opscommon>=0.1.0"]\n')
+        '[project.optional-dependencies]\ntest = ["pytest", "numpy>=1.26", "opscommon>=0.1.0"]\n'
+    )
     (pkg / "README.md").write_text(f"# {name}\n\nFirst line of the\nfirst paragraph.\n\nSecond one.\n")
     if license_file:
         (pkg / "LICENSE").write_text("BSD\n")
@@ -88,9 +89,11 @@ def test_check_reports_missing_stale_and_edited_recipes(tmp_path):
     (recs / "a-op" / "recipe.yaml").write_text(recipes.render_recipe("a-op", packages=pkgs) + "# edited\n")
     (recs / "gone-op").mkdir()
     problems = recipes.check(packages=pkgs, recipes=recs)
-    assert problems == ["recipes/a-op/recipe.yaml differs from the template's",
-                        "recipes/b-op/recipe.yaml is missing",
-                        "recipes/gone-op/ has no package under packages/"]
+    assert problems == [
+        "recipes/a-op/recipe.yaml differs from the template's",
+        "recipes/b-op/recipe.yaml is missing",
+        "recipes/gone-op/ has no package under packages/",
+    ]
 
 
 def test_readme_paragraph_skips_the_title_and_stops_at_a_list():
@@ -121,8 +124,9 @@ def test_op_recipes_render_one_abi3_build_per_flavour():
 
     matrix = load()
     package = op_packages()[0]
-    variant_file = conda_build.write_variants(conda_build.conda_forge_variants(matrix),
-                                              PACKAGES.parent / "build" / "conda" / "test-variants.yaml")
+    variant_file = conda_build.write_variants(
+        conda_build.conda_forge_variants(matrix), PACKAGES.parent / "build" / "conda" / "test-variants.yaml"
+    )
     try:
         rendered = conda_build.render(package, variant_file)
     finally:
