@@ -168,8 +168,16 @@ struct CpuDev {
   static Tensor bias_partial(const Tensor& like, const Dims& d, bool) {
     Tensor p = alloc(kSeqBackward, "the bias-gradient sums", like, {3 * d.S},
                      aoti_torch_dtype_float64());
-    torch::stable::zero_(p);
+    zero(p);
     return p;
+  }
+
+  static void zero(Tensor& t) {
+    if (t.numel() > 0) std::memset(t.mutable_data_ptr(), 0, t.numel() * t.element_size());
+  }
+
+  static void copy(const Tensor&, void* dst, const void* src, int64_t bytes) {
+    if (bytes > 0) std::memcpy(dst, src, static_cast<size_t>(bytes));
   }
 
   static void bias_chunk(const Tensor& like, Tensor& partial, const Tensor& dG2) {

@@ -231,9 +231,14 @@ inline int64_t env_int(const char* name, int64_t fallback) {
 }
 
 // How many chunks the backward splits the steps into: its dG buffer holds
-// ceil(T / chunks) steps. LLTM_OP_SEQUENCE_CHUNKS overrides (tests, tuning).
+// ceil(T / chunks) steps. The fewest chunks (each costs a few more matrix
+// products) that keep dG per step below S + F values per batch row, what a
+// loop of cells keeps per step ([h, x] for its matrix product) and this op
+// does not: so that the sequence never needs more memory than the loop.
+// LLTM_OP_SEQUENCE_CHUNKS overrides (tests, tuning).
 inline int64_t backward_chunks(const Dims& d) {
-  int64_t chunks = env_int("LLTM_OP_SEQUENCE_CHUNKS", 4);
+  const int64_t wanted = d.S > 0 ? (3 * d.S) / (d.S + d.F) + 1 : 1;  // 3S / chunks < S + F
+  const int64_t chunks = env_int("LLTM_OP_SEQUENCE_CHUNKS", wanted);
   return std::max<int64_t>(1, std::min<int64_t>(chunks, d.T));
 }
 
@@ -289,6 +294,8 @@ struct BackwardStep {
 //   static void backward_step(const Tensor& like, const BackwardStep&, bool fused);
 //   static Tensor bias_partial(const Tensor& like, const Dims&, bool fused):
 //       zeroed accumulator the backward steps add into;
+//   static void zero(Tensor&), copy(const Tensor& like, void* dst, const void* src,
+//       int64_t bytes): stream-ordered memset and copy;
 //   static void bias_chunk(const Tensor& like, Tensor& partial, const Tensor& d_gates_2d):
 //       called once per chunk with its [rows, 3S] dG (devices whose steps do
 //       not accumulate the bias gradient themselves sum it here);
@@ -473,8 +480,7 @@ BackwardResult sequence_backward(const std::optional<Tensor>& grad_outputs_arg,
     const int64_t t0 = c * K, t1 = std::min(T, t0 + K), n = t1 - t0;
     if (t1 < T) {
       // dG_{t1}, in slot 0 from the chunk before, moves to the carry slot.
-      Tensor carry = slot_view(K, 1);
-      torch::stable::copy_(carry, slot_view(0, 1));
+      Dev::copy(like, slot(K), slot(0), step_gates);
     }
     for (int64_t t = t1 - 1; t >= t0; --t) {
       BackwardStep s{};

@@ -17,7 +17,7 @@
 // * fused path (small batch and state, where a step is a few microseconds of
 //   launch-bound work): one kernel per step computes the recurrent product
 //   itself (each block: 32 state columns x 4 batch rows, the product's
-//   k-dimension split over its 4 warps, reduced in shared memory) and then
+//   k-dimension split over its 8 warps, reduced in shared memory) and then
 //   the cell: one launch per step each way instead of a cuBLAS call plus a
 //   kernel. The forward reads W_h^T as a contiguous [S, 3S] copy (made once
 //   per call) so that a warp's 32 columns are one coalesced load; the
@@ -69,10 +69,12 @@ template <typename T>
 using MathFor = std::conditional_t<sizeof(T) == 2, FastMath, AccurateMath>;
 
 constexpr unsigned int kThreads = 256;
-// Fused kernels: 4 warps split the product's k-dimension; 4 batch rows per
-// block, so that each thread finishes one (row, column) of the cell.
-constexpr int kWarps = 4;
+// Fused kernels: 8 warps split the product's k-dimension (short dependent
+// load chains: a step is latency-bound); 4 batch rows per block, the first 4
+// warps finishing one (row, column) of the cell each.
+constexpr int kWarps = 8;
 constexpr int kRows = 4;
+static_assert(kRows <= kWarps, "one epilogue warp per row");
 // cuBLAS-path backward kernel: blocks of 32 columns x 8 rows.
 constexpr int kBwdRows = 8;
 // Fused path by default up to this many multiply-adds per step (B * 3S * S).
@@ -193,7 +195,7 @@ __global__ void __launch_bounds__(32 * kWarps)
     const int64_t per = (S + kWarps - 1) / kWarps;
     const int64_t k0 = warp * per;
     const int64_t k1 = std::min<int64_t>(S, k0 + per);
-#pragma unroll 4
+#pragma unroll 8
     for (int64_t k = k0; k < k1; ++k) {
       const T* wr = w_hT + k * 3 * S;
       const A w0 = to_acc(wr[j]);
@@ -215,7 +217,7 @@ __global__ void __launch_bounds__(32 * kWarps)
   }
   __syncthreads();
   const int64_t row = r0 + warp;
-  if (j < S && row < B) {
+  if (warp < kRows && j < S && row < B) {
     T* gr = gates + row * 3 * S;
     A pre[3];
 #pragma unroll
@@ -268,7 +270,7 @@ __global__ void __launch_bounds__(32 * kWarps)
     const int64_t per = (S3 + kWarps - 1) / kWarps;
     const int64_t k0 = warp * per;
     const int64_t k1 = std::min<int64_t>(S3, k0 + per);
-#pragma unroll 4
+#pragma unroll 8
     for (int64_t k = k0; k < k1; ++k) {
       const A w = to_acc(w_h[k * ld + j]);
 #pragma unroll
@@ -280,7 +282,7 @@ __global__ void __launch_bounds__(32 * kWarps)
   __syncthreads();
   const int64_t row = r0 + warp;
   A d3[3] = {A(0), A(0), A(0)};
-  if (j < S && row < B) {
+  if (warp < kRows && j < S && row < B) {
     const int64_t i = row * S + j;
     A grad_h = A(0);
 #pragma unroll
@@ -299,8 +301,10 @@ __global__ void __launch_bounds__(32 * kWarps)
     d[2 * S + j] = to_storage<T>(d3[2]);
     dc_out[i] = to_storage<T>(d_c);
   }
+  if (warp < kRows) {
 #pragma unroll
-  for (int g = 0; g < 3; ++g) bsum[warp][g][lane] = d3[g];
+    for (int g = 0; g < 3; ++g) bsum[warp][g][lane] = d3[g];
+  }
   __syncthreads();
   if (warp == 0 && j < S) {
     A* prow = partial + static_cast<int64_t>(blockIdx.y) * S3;
@@ -428,11 +432,26 @@ struct CudaDev {
                                   ? aoti_torch_dtype_float64()
                                   : aoti_torch_dtype_float32();
     Tensor p = alloc(kSeqBackward, "the bias-gradient partial sums", like, {rows, 3 * d.S}, acc_dtype);
-    torch::stable::zero_(p);
+    zero(p);
     return p;
   }
 
   static void bias_chunk(const Tensor&, Tensor&, const Tensor&) {}  // summed by the step kernels
+
+  // Stream-ordered memset / copy (no dispatcher round trip; graph-capturable).
+  static void zero(Tensor& t) {
+    if (t.numel() == 0) return;
+    const int device = t.get_device();
+    OPSCOMMON_CUDA_CHECK(cudaMemsetAsync(t.mutable_data_ptr(), 0, t.numel() * t.element_size(),
+                                         opscommon::current_stream(device)));
+  }
+
+  static void copy(const Tensor& like, void* dst, const void* src, int64_t bytes) {
+    if (bytes == 0) return;
+    const int device = like.get_device();
+    OPSCOMMON_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice,
+                                         opscommon::current_stream(device)));
+  }
 
   static void bias_finish(const Tensor& partial, Tensor& d_bias) {
     const int device = d_bias.get_device();
