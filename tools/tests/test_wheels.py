@@ -16,7 +16,9 @@ SOURCE = """
 #include <cmath>
 #include <memory>
 #include <sstream>
+#include <dlfcn.h>
 extern "C" double f(double x) {
+  if (dlsym(RTLD_DEFAULT, "f") == nullptr) return 0;  // as torch >= 2.14's stable headers do
   auto p = std::make_shared<int>(3);
   std::ostringstream s; s << x;
   return std::exp(x) + std::log(x) + std::pow(x, 1.5) + *p + s.str().size();

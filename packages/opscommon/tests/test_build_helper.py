@@ -148,6 +148,7 @@ def test_cxx_flags_keep_glibc_2_28():
     assert flags["cxx"][flags["cxx"].index("-isystem") + 1] == compat
     assert os.path.join(compat, "opscommon_glibc_compat.h") in flags["cxx"]
     assert flags["nvcc"][flags["nvcc"].index("-isystem") + 1] == compat
+    assert os.path.join(compat, "opscommon_glibc_compat.h") in flags["nvcc"]
 
 
 def test_variant_label_names_the_toolkit():

@@ -206,13 +206,13 @@ def compile_flags(cuda: bool) -> dict[str, list[str]]:
         # found before the system's <sys/single_threaded.h> (glibc >= 2.32)
         "-isystem", compat,
     ]
-    flags = {"cxx": common + ["-std=c++17", "-fvisibility=hidden",
-                              "-include", os.path.join(compat, "opscommon_glibc_compat.h")]}
+    force = ["-include", os.path.join(compat, "opscommon_glibc_compat.h")]
+    flags = {"cxx": common + force + ["-std=c++17", "-fvisibility=hidden"]}
     if cuda:
         # USE_CUDA exposes the CUDA part of the C shim (the current stream).
         cuda_defines = ["-DOPS_WITH_CUDA", "-DUSE_CUDA"]
         flags["cxx"] += cuda_defines
-        flags["nvcc"] = common + cuda_defines + ["-std=c++17", "--expt-relaxed-constexpr", "-lineinfo"]
+        flags["nvcc"] = common + force + cuda_defines + ["-std=c++17", "--expt-relaxed-constexpr", "-lineinfo"]
     return flags
 
 

@@ -1,8 +1,14 @@
-// Forced into every C++ translation unit by opscommon.build (-include), so
-// that the libm functions whose default version moved after glibc 2.28 bind
-// to their glibc 2.2.5 versions instead (the same code, with the classic
-// errno handling). Without this, a call of `exp` built on glibc >= 2.29
-// needs GLIBC_2.29 and the binary does not load on glibc 2.28 systems.
+// Forced into every C++ and CUDA translation unit by opscommon.build
+// (-include), so that functions whose default symbol version moved after
+// glibc 2.28 bind to their glibc 2.2.5 versions instead:
+// - libm's exp, log, pow, exp2, log2 (GLIBC_2.29: the same code, with the
+//   classic errno handling);
+// - the dl* functions (GLIBC_2.34, when libdl moved into libc): torch >= 2.14's
+//   stable headers look symbols up with dlsym. The 2.2.5 version is libdl's
+//   on glibc < 2.34 (torch's own libraries load libdl first) and a
+//   compatibility symbol of libc on newer glibc.
+// Without this a binary built on a newer glibc needs GLIBC_2.29 / 2.34 and
+// does not load on glibc 2.28 systems.
 // tools/ checks every built binary's symbol versions against the floor.
 #pragma once
 
@@ -16,4 +22,9 @@ __asm__(".symver log,log@GLIBC_2.2.5");
 __asm__(".symver pow,pow@GLIBC_2.2.5");
 __asm__(".symver exp2,exp2@GLIBC_2.2.5");
 __asm__(".symver log2,log2@GLIBC_2.2.5");
+__asm__(".symver dlopen,dlopen@GLIBC_2.2.5");
+__asm__(".symver dlsym,dlsym@GLIBC_2.2.5");
+__asm__(".symver dlclose,dlclose@GLIBC_2.2.5");
+__asm__(".symver dlerror,dlerror@GLIBC_2.2.5");
+__asm__(".symver dladdr,dladdr@GLIBC_2.2.5");
 #endif
