@@ -145,6 +145,9 @@ def main() -> None:
         label = f"T{T} B{B} F{F} S{S} {dname}"
         inputs, grads = make_inputs(T, B, F, S, dtype, device)
         lstm = torch.nn.LSTM(F, S).to(device=device, dtype=dtype)
+        # One contiguous weight buffer for cuDNN (otherwise nn.LSTM compacts
+        # its weights on every call: a bfloat16 run on an H100 warned so).
+        lstm.flatten_parameters()
         h0, c0 = (t.detach().unsqueeze(0).requires_grad_() for t in inputs[3:])
         lstm_inputs = [inputs[0], h0, c0, *lstm.parameters()]
         lstm_grads = [grads[0], grads[1].unsqueeze(0), grads[2].unsqueeze(0)]
