@@ -59,8 +59,9 @@ def tests(session: nox.Session) -> None:
     compile_cuda = "--no-cuda-compile" not in args.flags and bool(args.packages)
     tk = M.toolkits[M.lane_toolkit]
     results = Results(session, "tests")
-    version, _ = steps.install_env(session, M, M.lane_torch, *steps.LINT_REQS,
-                                   *(toolkits.requirements(tk) if compile_cuda else []))
+    version, _ = steps.install_env(
+        session, M, M.lane_torch, *steps.LINT_REQS, *(toolkits.requirements(tk) if compile_cuda else [])
+    )
     built = steps.build_and_install(session, args.packages, results, steps.tmp(session, "wheels"), cuda=_ops_cuda())
     steps.run_suites(session, results, built, args.suites, "tests", args.rest)
     if args.suites is None and "round-op" in built:  # the smallest op: one isolated sdist build
@@ -95,15 +96,26 @@ def build(session: nox.Session) -> None:
     variants = M.variants[1:] if "cuda" in args.flags else ["cpu"]
     for variant in variants:
         work = steps.tmp(session, f"built-{variant}")
-        _, built = lanes.build_variant(session, M, variant, args.packages, results, work,
-                                       f"{variant}: build", *lanes.wheels.AUDIT_TOOLS)
+        _, built = lanes.build_variant(
+            session, M, variant, args.packages, results, work, f"{variant}: build", *lanes.wheels.AUDIT_TOOLS
+        )
         lanes.release(session, results, built, work, ROOT / "dist" / variant, variant)
     if "cuda" not in args.flags:
         src = ROOT / "dist" / "src"
         shutil.rmtree(src, ignore_errors=True)
         for package in [COMMON, *args.packages]:
-            session.run("python", "-m", "build", "--sdist", "--no-isolation", "--outdir", str(src),
-                        str(steps.clean_copy(session, package)), env={"OPS_CUDA": "0"}, silent=True)
+            session.run(
+                "python",
+                "-m",
+                "build",
+                "--sdist",
+                "--no-isolation",
+                "--outdir",
+                str(src),
+                str(steps.clean_copy(session, package)),
+                env={"OPS_CUDA": "0"},
+                silent=True,
+            )
         shutil.copy2(next(work.glob("opscommon-*.whl")), src)
         session.log(f"sdists in {src}: " + ", ".join(sorted(p.name for p in src.iterdir())))
     results.finish()
@@ -148,8 +160,12 @@ def lint(session: nox.Session) -> None:
     session.install(*steps.LINT_REQS)
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
-    sources = sorted(str(p) for ext in ("*.h", "*.cpp", "*.cu") for p in (ROOT / "packages").rglob(ext)
-                     if "build" not in p.parts and "_opscommon" not in p.parts)
+    sources = sorted(
+        str(p)
+        for ext in ("*.h", "*.cpp", "*.cu")
+        for p in (ROOT / "packages").rglob(ext)
+        if "build" not in p.parts and "_opscommon" not in p.parts
+    )
     session.run("clang-format", "--dry-run", "--Werror", *sources)
 
 
@@ -171,6 +187,7 @@ def new_op(session: nox.Session) -> None:
 
 # -- the support matrix (nox -t matrix) --------------------------------------------
 
+
 @nox.session(python=list(M.matrix_pythons), tags=["matrix"], default=False)
 @nox.parametrize("variant", M.variants)
 def matrix_wheels(session: nox.Session, variant: str) -> None:
@@ -191,8 +208,12 @@ def matrix(session: nox.Session, torch: str) -> None:
 def cuda_compile(session: nox.Session, toolkit: str) -> None:
     """Compile every CUDA source with one toolkit, for its arch list (no GPU)."""
     tk = M.toolkits[toolkit]
-    results = Results(session, "cuda_compile", row=toolkit,
-                      label=f"nvcc {toolkit} compile, torch {M.torches[tk.torch].version} headers")
+    results = Results(
+        session,
+        "cuda_compile",
+        row=toolkit,
+        label=f"nvcc {toolkit} compile, torch {M.torches[tk.torch].version} headers",
+    )
     session.install(*steps.BUILD_REQS, *toolkits.requirements(tk))
     steps.install_wheel(session, steps.build_wheel(session, COMMON, steps.tmp(session, "wheels"), cuda=False))
     steps.cuda_compile_check(session, results, M, op_packages(), tk)
@@ -202,5 +223,13 @@ def cuda_compile(session: nox.Session, toolkit: str) -> None:
 @nox.session(python=False, tags=["matrix"], default=False)
 def matrix_report(session: nox.Session) -> None:
     """Print the matrix table from the saved results; fails if any cell failed."""
-    session.run(sys.executable, "-m", "tools.results", "table", str(RESULTS_DIR),
-                "--markdown", str(RESULTS_DIR / "matrix.md"), external=True)
+    session.run(
+        sys.executable,
+        "-m",
+        "tools.results",
+        "table",
+        str(RESULTS_DIR),
+        "--markdown",
+        str(RESULTS_DIR / "matrix.md"),
+        external=True,
+    )

@@ -56,8 +56,10 @@ def check(name: str, expect: str) -> tuple[str, str]:
         return "fail", "; ".join(problems)
     build = getattr(getattr(mod, "_runtime", None), "BUILD_INFO", {})
     keys = "CPU+CUDA" if expect == "cuda" else "CPU"
-    return "pass", (f"loaded in {torch_desc}; {keys} kernels of {len(ops)} op(s) registered "
-                    f"(built with torch {build.get('torch_built_with', '?')}, CUDA {build.get('cuda')})")
+    return "pass", (
+        f"loaded in {torch_desc}; {keys} kernels of {len(ops)} op(s) registered "
+        f"(built with torch {build.get('torch_built_with', '?')}, CUDA {build.get('cuda')})"
+    )
 
 
 def main() -> int:

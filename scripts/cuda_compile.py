@@ -127,8 +127,12 @@ def main() -> int:
     flags = compile_flags(cuda=True)
     gencode = gencode_flags(args.arch_list)
     torch_includes = [torch_include, torch_include / "torch" / "csrc" / "api" / "include"]
-    common_includes = [Path(opscommon.get_include()), *torch_includes, cuda_home / "include",
-                       Path(sysconfig.get_paths()["include"])]
+    common_includes = [
+        Path(opscommon.get_include()),
+        *torch_includes,
+        cuda_home / "include",
+        Path(sysconfig.get_paths()["include"]),
+    ]
     cxx = os.environ.get("CXX", "c++")
 
     build_dir = args.build_dir.resolve()
@@ -156,8 +160,17 @@ def main() -> int:
         cu = sorted(csrc.rglob("*.cu"))
         cpp = sorted(csrc.rglob("*.cpp"))
         includes = [f"-I{p}" for p in [*common_includes[:1], csrc, *common_includes[1:]]]
-        nvcc_flags = quote([*torch_nvcc_flags(args.torch_root.resolve()), "--compiler-options", "-fPIC",
-                            *flags["nvcc"], *TORCH_DEFINES, *includes, *gencode])
+        nvcc_flags = quote(
+            [
+                *torch_nvcc_flags(args.torch_root.resolve()),
+                "--compiler-options",
+                "-fPIC",
+                *flags["nvcc"],
+                *TORCH_DEFINES,
+                *includes,
+                *gencode,
+            ]
+        )
         cxx_flags = quote([*flags["cxx"], "-fPIC", *TORCH_DEFINES, *includes])
         objects = []
         for src in cu + cpp:
@@ -165,14 +178,19 @@ def main() -> int:
             obj = build_dir / name / (str(rel) + ".o")
             obj.parent.mkdir(parents=True, exist_ok=True)
             rule = "nvcc" if src.suffix == ".cu" else "cxx"
-            lines += [f"build {ninja_escape(str(obj))}: {rule} {ninja_escape(str(src))}",
-                      f"  flags = {nvcc_flags if rule == 'nvcc' else cxx_flags}"]
+            lines += [
+                f"build {ninja_escape(str(obj))}: {rule} {ninja_escape(str(src))}",
+                f"  flags = {nvcc_flags if rule == 'nvcc' else cxx_flags}",
+            ]
             objects.append(ninja_escape(str(obj)))
         lib = build_dir / name / "_C.abi3.so"
         if objects:
             lines += [f"build {ninja_escape(str(lib))}: link {' '.join(objects)}", f"  ldflags = {ldflags}"]
-        plan[name] = {"cu": [str(p.relative_to(pkg_dir)) for p in cu],
-                      "cpp": [str(p.relative_to(pkg_dir)) for p in cpp], "lib": lib}
+        plan[name] = {
+            "cu": [str(p.relative_to(pkg_dir)) for p in cu],
+            "cpp": [str(p.relative_to(pkg_dir)) for p in cpp],
+            "lib": lib,
+        }
     (build_dir / "build.ninja").write_text("\n".join(lines) + "\n")
 
     for stale in build_dir.rglob("_C.abi3.so"):
@@ -187,8 +205,10 @@ def main() -> int:
         if not p["cu"]:
             results[name] = {"status": "skip", "detail": "no .cu sources"}
         elif p["lib"].exists():
-            results[name] = {"status": "pass",
-                             "detail": f"{len(p['cu'])} .cu + {len(p['cpp'])} .cpp compiled and linked"}
+            results[name] = {
+                "status": "pass",
+                "detail": f"{len(p['cu'])} .cu + {len(p['cpp'])} .cpp compiled and linked",
+            }
         else:
             results[name] = {"status": "fail", "detail": "compile or link failed (see the log above)"}
     for name, r in results.items():

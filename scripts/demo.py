@@ -60,11 +60,12 @@ def demo_lltm_op(mod, device: str) -> None:
     for _ in range(3):
         h, c = cell(x, (h, c))
     (h.sum() + c.sum()).backward()
-    ref_h, ref_c = mod.lltm_reference(x, cell.weights, cell.bias,
-                                      torch.zeros_like(h), torch.zeros_like(c))
+    ref_h, ref_c = mod.lltm_reference(x, cell.weights, cell.bias, torch.zeros_like(h), torch.zeros_like(c))
     new_h, new_c = cell(x, (torch.zeros_like(h), torch.zeros_like(c)))
-    print(f"  {cell}: 3 steps on a [{batch}, {features}] input, h[0, :4] = "
-          f"{fmt(h[0, :4].round(decimals=4))}, |dW| = {cell.weights.grad.norm():.4f}")
+    print(
+        f"  {cell}: 3 steps on a [{batch}, {features}] input, h[0, :4] = "
+        f"{fmt(h[0, :4].round(decimals=4))}, |dW| = {cell.weights.grad.norm():.4f}"
+    )
     torch.testing.assert_close(new_h, ref_h)
     torch.testing.assert_close(new_c, ref_c)
     print("  one step matches the pure-PyTorch reference")
@@ -74,21 +75,28 @@ DEMOS = {"round_op": demo_round_op, "vecadd_op": demo_vecadd_op, "lltm_op": demo
 
 
 def op_packages() -> list[str]:
-    return sorted(p.name.replace("-", "_") for p in (ROOT / "packages").iterdir()
-                  if (p / "setup.py").exists() and p.name != "opscommon")
+    return sorted(
+        p.name.replace("-", "_")
+        for p in (ROOT / "packages").iterdir()
+        if (p / "setup.py").exists() and p.name != "opscommon"
+    )
 
 
 def main(argv: list[str]) -> int:
     names = argv or op_packages()
-    print(f"torch {torch.__version__} (CUDA {torch.version.cuda}), "
-          f"GPU: {torch.cuda.get_device_name() if torch.cuda.is_available() else 'none'}")
+    print(
+        f"torch {torch.__version__} (CUDA {torch.version.cuda}), "
+        f"GPU: {torch.cuda.get_device_name() if torch.cuda.is_available() else 'none'}"
+    )
     failed = []
     for name in names:
         try:
             mod = importlib.import_module(name)
             build = mod._runtime.BUILD_INFO
-            print(f"\n{name} {mod.__version__} ({'CUDA ' + build['cuda'] if build.get('cuda') else 'CPU'} build, "
-                  f"built with torch {build['torch_built_with']})")
+            print(
+                f"\n{name} {mod.__version__} ({'CUDA ' + build['cuda'] if build.get('cuda') else 'CPU'} build, "
+                f"built with torch {build['torch_built_with']})"
+            )
             ops = sorted(n for n in torch._C._dispatch_get_all_op_names() if n.startswith(f"{name}::"))
             for op in ops:
                 schema = torch._C._dispatch_dump(op).splitlines()[1].removeprefix("schema: ")

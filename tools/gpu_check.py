@@ -53,8 +53,13 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0")
     os.environ.setdefault("MAX_JOBS", str(os.cpu_count() or 4))
     py = sys.executable
-    _run([py, "-c", "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, "
-                    "torch.cuda.get_device_name())"])
+    _run(
+        [
+            py,
+            "-c",
+            "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())",
+        ]
+    )
     pip = [py, "-m", "pip", "install", "-q", "--no-build-isolation", "--no-deps"]
     if not _run([*pip, str(PACKAGES / COMMON)]):
         return 1
@@ -67,8 +72,22 @@ def main(argv: list[str] | None = None) -> int:
             ok = False
     for suite in [COMMON, *built]:
         print(f"=== test {suite}", flush=True)
-        ok &= _run([py, "-X", "faulthandler", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs",
-                    str(PACKAGES / suite / "tests")], results / f"test-{suite}.log", cwd=Path("/tmp"))
+        ok &= _run(
+            [
+                py,
+                "-X",
+                "faulthandler",
+                "-m",
+                "pytest",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                "-rs",
+                str(PACKAGES / suite / "tests"),
+            ],
+            results / f"test-{suite}.log",
+            cwd=Path("/tmp"),
+        )
     if not args.no_bench:
         for package in built:
             for script in sorted((PACKAGES / package / "bench").glob("bench_*.py")):

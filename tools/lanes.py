@@ -17,8 +17,9 @@ from .results import Results
 MATRIX_WHEELS = steps.ROOT / ".nox" / "_matrix-wheels"  # wheels the matrix installs into every torch
 
 
-def build_variant(session: Any, m: Matrix, variant: str, packages: list[str], results: Results,
-                  dest: Path, check: str, *extra: str) -> tuple[str, list[str]]:
+def build_variant(
+    session: Any, m: Matrix, variant: str, packages: list[str], results: Results, dest: Path, check: str, *extra: str
+) -> tuple[str, list[str]]:
     """Install the variant's torch (and toolkit), build every package's wheel
     of that variant into ``dest``; (torch version, packages built).
     A toolkit that cannot be had here skips the session, with the reason."""
@@ -38,10 +39,13 @@ def build_variant(session: Any, m: Matrix, variant: str, packages: list[str], re
     if home is None:
         session.error(reason)
     if cuda is None or cuda.split(".")[0] != tk.major:
-        session.error(f"torch {version} is not a CUDA {tk.major} build (CUDA {cuda}): "
-                      f"cannot build the {variant} wheels against it")
-    built = steps.build_and_install(session, packages, results, dest, cuda=True,
-                                    env=steps.cuda_build_env(home, tk), check=check)
+        session.error(
+            f"torch {version} is not a CUDA {tk.major} build (CUDA {cuda}): "
+            f"cannot build the {variant} wheels against it"
+        )
+    built = steps.build_and_install(
+        session, packages, results, dest, cuda=True, env=steps.cuda_build_env(home, tk), check=check
+    )
     return version, built
 
 
@@ -123,8 +127,9 @@ def matrix_torch(session: Any, m: Matrix, series: str, source_tests: bool) -> No
             steps.check_load(session, results, package, expect, f"{variant} wheel: load")
 
     # (b) source builds against this torch.
-    built = steps.build_and_install(session, packages, results, steps.tmp(session, "source-wheels"),
-                                    check="source: build")
+    built = steps.build_and_install(
+        session, packages, results, steps.tmp(session, "source-wheels"), check="source: build"
+    )
     if source_tests:
         steps.run_suites(session, results, built, built, "source: tests")
     else:  # the same sources' tests ran in (a); here: loads and registers its kernels
@@ -134,8 +139,7 @@ def matrix_torch(session: Any, m: Matrix, series: str, source_tests: bool) -> No
     results.finish()
 
 
-def _source_cuda(session: Any, m: Matrix, results: Results, packages: list[str], cuda: str | None,
-                 label: str) -> None:
+def _source_cuda(session: Any, m: Matrix, results: Results, packages: list[str], cuda: str | None, label: str) -> None:
     check = "source: CUDA build"
     if cuda is None:
         for package in packages:
@@ -150,7 +154,14 @@ def _source_cuda(session: Any, m: Matrix, results: Results, packages: list[str],
         for package in packages:
             results.add(package, check, "skip", "no toolkit", reason)
         return
-    built = steps.build_and_install(session, packages, results, steps.tmp(session, "source-cuda-wheels"),
-                                    cuda=True, env=steps.cuda_build_env(home, tk), check=check)
+    built = steps.build_and_install(
+        session,
+        packages,
+        results,
+        steps.tmp(session, "source-cuda-wheels"),
+        cuda=True,
+        env=steps.cuda_build_env(home, tk),
+        check=check,
+    )
     for package in built:
         steps.check_load(session, results, package, "cuda", "source: CUDA load")

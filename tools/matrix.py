@@ -9,9 +9,10 @@ are held to it by ``tools/tests/test_single_source.py``.
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 try:
     import tomllib
@@ -104,9 +105,12 @@ def parse(data: Mapping[str, Any]) -> Matrix:
         if tk["source"] not in ("pypi", "debian", "system"):
             raise ValueError(f"matrix.toml: toolkit {tk['version']} has unknown source {tk['source']!r}")
         toolkits[tk["version"]] = Toolkit(
-            version=tk["version"], source=tk["source"], torch=tk["torch"],
+            version=tk["version"],
+            source=tk["source"],
+            torch=tk["torch"],
             arch_list=tk.get("arch_list", cuda["arch_list"]),
-            requirements=tuple(tk.get("requirements", ())), home=tk.get("home"),
+            requirements=tuple(tk.get("requirements", ())),
+            home=tk.get("home"),
             extra={k: v for k, v in tk.items() if k not in known},
         )
     lanes = data["lanes"]
@@ -131,7 +135,7 @@ def parse(data: Mapping[str, Any]) -> Matrix:
     return m
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def load(path: Path = MATRIX_FILE) -> Matrix:
     """matrix.toml of the repository, parsed once."""
     return parse(tomllib.loads(Path(path).read_text()))

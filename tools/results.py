@@ -36,17 +36,23 @@ class Results:
     matrix table, CI's closing line). ``session`` needs ``name``, ``log`` and
     ``error`` (a nox session)."""
 
-    def __init__(self, session: Any, kind: str, row: str = "", label: str = "",
-                 results_dir: Path = RESULTS_DIR) -> None:
+    def __init__(
+        self, session: Any, kind: str, row: str = "", label: str = "", results_dir: Path = RESULTS_DIR
+    ) -> None:
         self.session = session
-        self.data: dict = {"session": session.name, "kind": kind, "row": row, "label": label,
-                           "started": time.time(), "items": []}
+        self.data: dict = {
+            "session": session.name,
+            "kind": kind,
+            "row": row,
+            "label": label,
+            "started": time.time(),
+            "items": [],
+        }
         results_dir.mkdir(parents=True, exist_ok=True)
         self.path = results_dir / (re.sub(r"[^\w.=-]+", "_", session.name).strip("_") + ".json")
         self.path.unlink(missing_ok=True)
 
-    def add(self, suite: str, check: str, status: str, text: str, detail: str = "",
-            counts: dict | None = None) -> None:
+    def add(self, suite: str, check: str, status: str, text: str, detail: str = "", counts: dict | None = None) -> None:
         item = {"suite": suite, "check": check, "status": status, "text": text, "detail": detail}
         if counts is not None:
             item["counts"] = counts
@@ -113,7 +119,8 @@ def code(check: str) -> str:
     group = check.split(":")[0].strip()
     return {"cpu wheel": "W", "source": "S", "source: CUDA": "SC"}.get(
         "source: CUDA" if check.startswith("source: CUDA") else group,
-        group.replace(" wheel", "").replace("cuda", "C").replace("nvcc ", "nvcc"))
+        group.replace(" wheel", "").replace("cuda", "C").replace("nvcc ", "nvcc"),
+    )
 
 
 def compact_cell(items: list[dict]) -> str:
@@ -124,7 +131,7 @@ def compact_cell(items: list[dict]) -> str:
         groups.setdefault(code(item["check"]), []).append(item)
     parts = []
     for name, group in groups.items():
-        status = next((s for s in ("fail", "pass", "skip") if any(i["status"] == s for i in group)))
+        status = next(s for s in ("fail", "pass", "skip") if any(i["status"] == s for i in group))
         passed = sum(i["counts"]["passed"] for i in group if i.get("counts"))
         parts.append(f"{name}{MARK[status]}" + (f"{passed}" if passed and status == "pass" else ""))
     return " ".join(parts)
@@ -134,7 +141,7 @@ def lane_cell(items: list[dict]) -> str:
     """A cell of a wheel-build or compile lane: mark and what happened."""
     if not items:
         return ""
-    status = next((s for s in ("fail", "pass", "skip") if any(i["status"] == s for i in items)))
+    status = next(s for s in ("fail", "pass", "skip") if any(i["status"] == s for i in items))
     texts = list(dict.fromkeys(i["text"] for i in items if i["status"] == status))
     return f"{MARK[status]} {', '.join(texts)}"
 
@@ -184,8 +191,7 @@ def table(results_dir: Path, markdown: Path | None) -> int:
         else:
             lanes.append([label, *[lane_cell(by_suite.get(s, [])) for s in suites]])
         for n, (check, items) in enumerate(checks.items()):
-            detailed.append([label if n == 0 else "", check,
-                             *[cell(items[s]) if s in items else "" for s in suites]])
+            detailed.append([label if n == 0 else "", check, *[cell(items[s]) if s in items else "" for s in suites]])
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime(min(r["started"] for r in runs)))
     minutes = sum(r.get("seconds", 0) for r in runs) / 60
     text = [f"Support matrix: {len(runs)} session(s) since {when}, {minutes:.0f} min in all", ""]
@@ -206,7 +212,7 @@ def table(results_dir: Path, markdown: Path | None) -> int:
 
 
 def summary_line(data: dict) -> str:
-    """"tests: N passed, N failed, N skipped" of one session's results."""
+    """ "tests: N passed, N failed, N skipped" of one session's results."""
     # Test counts where the session ran test suites; its other checks (builds,
     # compiles, loads) count only when they failed. Otherwise: one per check.
     with_counts = any(item.get("counts") for item in data["items"])

@@ -33,21 +33,30 @@ def _template_files(root: Path) -> list[Path]:
     """Tracked files of the template package (git), else every file but build output."""
     folder = root / "packages" / TEMPLATE
     try:
-        out = subprocess.run(["git", "ls-files", "-z", "."], cwd=folder, capture_output=True, text=True,
-                             check=True).stdout
+        out = subprocess.run(
+            ["git", "ls-files", "-z", "."], cwd=folder, capture_output=True, text=True, check=True
+        ).stdout
         files = [folder / f for f in out.split("\0") if f]
     except (OSError, subprocess.CalledProcessError):
         files = [p for p in folder.rglob("*") if p.is_file()]
     ignored = ("build", "__pycache__", ".egg-info", "_runtime.py", ".so", "_opscommon")
-    return [f for f in files if f.is_file() and not any(i in str(f.relative_to(folder)) for i in ignored)
-            and not str(f.relative_to(folder)).startswith(SKIP)]
+    return [
+        f
+        for f in files
+        if f.is_file()
+        and not any(i in str(f.relative_to(folder)) for i in ignored)
+        and not str(f.relative_to(folder)).startswith(SKIP)
+    ]
 
 
 def rename(text: str, name: str) -> str:
     """The template's names in ``text`` changed to ``name``'s."""
     module = import_name(name)
-    return (text.replace(TEMPLATE, name).replace(import_name(TEMPLATE), module)
-            .replace(import_name(TEMPLATE).upper(), module.upper()))
+    return (
+        text.replace(TEMPLATE, name)
+        .replace(import_name(TEMPLATE), module)
+        .replace(import_name(TEMPLATE).upper(), module.upper())
+    )
 
 
 def _readme(name: str) -> str:
@@ -67,8 +76,9 @@ reference in `tests/`, then `nox -s tests-3.11 -- {name}`.
 def new_op(name: str, root: Path = ROOT) -> list[Path]:
     """Create packages/NAME and recipes/NAME; return the files written."""
     if not NAME_RE.match(name):
-        raise ValueError(f"{name!r}: an op package is named like 'my-op' (lower case, words joined by '-', "
-                         f"ending in '-op')")
+        raise ValueError(
+            f"{name!r}: an op package is named like 'my-op' (lower case, words joined by '-', ending in '-op')"
+        )
     dest = root / "packages" / name
     if dest.exists():
         raise ValueError(f"packages/{name} exists already")
@@ -88,8 +98,9 @@ def new_op(name: str, root: Path = ROOT) -> list[Path]:
             text = rename(path.read_text(), name)
             if rel.name == "pyproject.toml":
                 text = re.sub(r'^version = ".*"', 'version = "0.1.0"', text, count=1, flags=re.M)
-                text = re.sub(r'^description = ".*"', f'description = "{name}: a PyTorch custom op"', text,
-                              count=1, flags=re.M)
+                text = re.sub(
+                    r'^description = ".*"', f'description = "{name}: a PyTorch custom op"', text, count=1, flags=re.M
+                )
             target.write_text(text)
         written.append(target)
     if root == ROOT or (root / "tools" / "recipes.py").exists():
@@ -104,8 +115,9 @@ def _write_recipe(name: str, root: Path) -> Path:
     if root == ROOT:
         return recipes.write_recipe(name)
     # a copy of the repository (tests): its own tools, in a subprocess
-    subprocess.run([sys.executable, "-c", f"from tools import recipes; recipes.write_recipe({name!r})"],
-                   cwd=root, check=True)
+    subprocess.run(
+        [sys.executable, "-c", f"from tools import recipes; recipes.write_recipe({name!r})"], cwd=root, check=True
+    )
     return root / "recipes" / name / "recipe.yaml"
 
 

@@ -39,11 +39,13 @@ BUILD_FAILURES = (Exception,)  # nox's CommandFailed and friends: any failed ste
 
 # -- package sources: uv reads what pip is configured with ----------------------
 
+
 def pip_config() -> dict[str, list[str]]:
     """Values of `pip config list` (files and PIP_* variables), by option name."""
     try:
-        out = subprocess.run([sys.executable, "-m", "pip", "config", "list"],
-                             capture_output=True, text=True, timeout=60).stdout
+        out = subprocess.run(
+            [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, timeout=60
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return {}
     values: dict[str, list[str]] = {}
@@ -88,6 +90,7 @@ def configure_uv() -> None:
 
 # -- positional arguments ---------------------------------------------------------
 
+
 @dataclass
 class Args:
     """``nox -s SESSION -- ARGS``: package names, flags, the rest for pytest."""
@@ -124,6 +127,7 @@ def parse_args(posargs: list[str], flags: set[str] = frozenset(), root: Path = P
 
 # -- the session's environment -------------------------------------------------------
 
+
 def tmp(session: Any, name: str) -> Path:
     """A fresh folder in the session's temporary folder."""
     path = Path(session.create_tmp()).resolve() / name
@@ -141,8 +145,7 @@ def py(session: Any, expr: str, setup: str = "") -> str:
 
 def torch_info(session: Any) -> tuple[str, str | None]:
     """(torch.__version__, torch.version.cuda) of the session's environment."""
-    version, cuda = json.loads(py(session, "json.dumps([torch.__version__, torch.version.cuda])",
-                                  "import json, torch"))
+    version, cuda = json.loads(py(session, "json.dumps([torch.__version__, torch.version.cuda])", "import json, torch"))
     return version, cuda
 
 
@@ -167,33 +170,47 @@ def install(session: Any, *args: str) -> None:
 
 
 def install_wheel(session: Any, wheel: Path) -> None:
-    install(session, "--no-deps", "--reinstall" if session.virtualenv.venv_backend == "uv"
-            else "--force-reinstall", str(wheel))
+    install(
+        session,
+        "--no-deps",
+        "--reinstall" if session.virtualenv.venv_backend == "uv" else "--force-reinstall",
+        str(wheel),
+    )
 
 
 # -- builds ----------------------------------------------------------------------------
+
 
 def clean_copy(session: Any, package: str) -> Path:
     """A copy of packages/<package> without build leftovers, in the session's tmp.
     opscommon comes along, so an op's setup.py finds the build helper beside it."""
     root = tmp(session, "src")
-    ignore = shutil.ignore_patterns("build", "dist", "*.egg-info", "__pycache__", ".pytest_cache",
-                                    ".hypothesis", "_runtime.py", "*.so", "_opscommon")
+    ignore = shutil.ignore_patterns(
+        "build",
+        "dist",
+        "*.egg-info",
+        "__pycache__",
+        ".pytest_cache",
+        ".hypothesis",
+        "_runtime.py",
+        "*.so",
+        "_opscommon",
+    )
     for name in {COMMON, package}:
         shutil.copytree(PACKAGES / name, root / name, ignore=ignore)
     return root / package
 
 
-def build_wheel(session: Any, package: str, dest: Path, *, cuda: bool,
-                env: dict[str, str] | None = None) -> Path:
+def build_wheel(session: Any, package: str, dest: Path, *, cuda: bool, env: dict[str, str] | None = None) -> Path:
     """Build one package's wheel (no isolation: against the session's torch)
     from a clean copy; return the wheel, moved into ``dest``."""
     src = clean_copy(session, package)
     out = tmp(session, f"wheel-out/{package}")
     build_env = {"OPS_CUDA": "1" if cuda else "0", **(env or {})}
     start = time.perf_counter()
-    log = session.run("python", "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out), str(src),
-                      env=build_env, silent=True)
+    log = session.run(
+        "python", "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out), str(src), env=build_env, silent=True
+    )
     (wheel,) = out.glob("*.whl")
     dest.mkdir(parents=True, exist_ok=True)
     for old in dest.glob(f"{import_name(package)}-*.whl"):
@@ -205,9 +222,16 @@ def build_wheel(session: Any, package: str, dest: Path, *, cuda: bool,
     return target
 
 
-def build_and_install(session: Any, packages: list[str], results: Results, dest: Path, *,
-                      cuda: bool = False, env: dict[str, str] | None = None,
-                      check: str = "build") -> list[str]:
+def build_and_install(
+    session: Any,
+    packages: list[str],
+    results: Results,
+    dest: Path,
+    *,
+    cuda: bool = False,
+    env: dict[str, str] | None = None,
+    check: str = "build",
+) -> list[str]:
     """opscommon, then each package: build its wheel into ``dest``, install it.
     Returns the packages that built."""
     install_wheel(session, build_wheel(session, COMMON, dest, cuda=False))
@@ -229,8 +253,18 @@ def build_sdist_in_isolation(session: Any, results: Results, package: str, torch
     and loaded. torch of the build environment is pinned to the session's
     (a build constraint) so no other torch is downloaded."""
     sdist_dir = tmp(session, "sdist")
-    session.run("python", "-m", "build", "--sdist", "--no-isolation", "--outdir", str(sdist_dir),
-                str(clean_copy(session, package)), env={"OPS_CUDA": "0"}, silent=True)
+    session.run(
+        "python",
+        "-m",
+        "build",
+        "--sdist",
+        "--no-isolation",
+        "--outdir",
+        str(sdist_dir),
+        str(clean_copy(session, package)),
+        env={"OPS_CUDA": "0"},
+        silent=True,
+    )
     (sdist,) = sdist_dir.glob("*.tar.gz")
     with __import__("tarfile").open(sdist) as tf:
         names = tf.getnames()
@@ -240,8 +274,22 @@ def build_sdist_in_isolation(session: Any, results: Results, package: str, torch
     constraint = sdist_dir / "build-constraints.txt"
     constraint.write_text(f"torch=={torch_version.split('+')[0]}\n")
     out = tmp(session, "sdist-wheel")
-    log = session.run("uv", "build", "--wheel", "--build-constraint", str(constraint), "--out-dir", str(out),
-                      str(sdist), env={"OPS_CUDA": "0"}, external=True, silent=True) or ""
+    log = (
+        session.run(
+            "uv",
+            "build",
+            "--wheel",
+            "--build-constraint",
+            str(constraint),
+            "--out-dir",
+            str(out),
+            str(sdist),
+            env={"OPS_CUDA": "0"},
+            external=True,
+            silent=True,
+        )
+        or ""
+    )
     (wheel,) = out.glob("*.whl")
     install_wheel(session, wheel)
     line = next((ln for ln in log.splitlines() if "building the" in ln), "")
@@ -251,6 +299,7 @@ def build_sdist_in_isolation(session: Any, results: Results, package: str, torch
 
 
 # -- tests -----------------------------------------------------------------------------
+
 
 def junit_counts(path: Path) -> dict[str, int]:
     counts = {"passed": 0, "failed": 0, "skipped": 0}
@@ -274,20 +323,34 @@ def test_suites(built: list[str], chosen: list[str] | None) -> list[tuple[str, P
     suites = [("tools", ROOT / "tools" / "tests"), (COMMON, PACKAGES / COMMON / "tests")]
     suites += [(p, PACKAGES / p / "tests") for p in built]
     suites.append(("integration", ROOT / "tests" / "integration"))
-    return [(name, path) for name, path in suites
-            if path.is_dir() and any(path.rglob("test_*.py")) and (chosen is None or name in chosen)]
+    return [
+        (name, path)
+        for name, path in suites
+        if path.is_dir() and any(path.rglob("test_*.py")) and (chosen is None or name in chosen)
+    ]
 
 
-def run_pytest(session: Any, results: Results, suite: str, tests: Path, check: str,
-               pytest_args: list[str] = ()) -> bool:
+def run_pytest(
+    session: Any, results: Results, suite: str, tests: Path, check: str, pytest_args: list[str] = ()
+) -> bool:
     """One test suite, from outside the source tree (so the installed package
     is the one imported); its counts go into ``results``."""
     junit = tmp(session, "junit/" + re.sub(r"[^\w.-]+", "-", f"{check}-{suite}")) / "junit.xml"
     ok = True
     with session.chdir(tmp(session, "run")):
         try:
-            session.run("python", "-m", "pytest", "-q", "-ra", "-p", "no:cacheprovider",
-                        f"--junitxml={junit}", str(tests), *pytest_args)
+            session.run(
+                "python",
+                "-m",
+                "pytest",
+                "-q",
+                "-ra",
+                "-p",
+                "no:cacheprovider",
+                f"--junitxml={junit}",
+                str(tests),
+                *pytest_args,
+            )
         except BUILD_FAILURES:
             ok = False
     counts = junit_counts(junit)
@@ -298,8 +361,9 @@ def run_pytest(session: Any, results: Results, suite: str, tests: Path, check: s
     return ok
 
 
-def run_suites(session: Any, results: Results, built: list[str], chosen: list[str] | None,
-               check: str, pytest_args: list[str] = ()) -> None:
+def run_suites(
+    session: Any, results: Results, built: list[str], chosen: list[str] | None, check: str, pytest_args: list[str] = ()
+) -> None:
     for suite, tests in test_suites(built, chosen):
         run_pytest(session, results, suite, tests, check, pytest_args)
 
@@ -309,8 +373,9 @@ def check_load(session: Any, results: Results, package: str, expect: str, check:
     says ("cpu", "cuda"), or refuses cleanly ("refused")."""
     out = tmp(session, "check-load") / "result.json"
     try:
-        session.run("python", str(SCRIPTS / "check_load.py"), import_name(package),
-                    "--expect", expect, "--json", str(out))
+        session.run(
+            "python", str(SCRIPTS / "check_load.py"), import_name(package), "--expect", expect, "--json", str(out)
+        )
     except BUILD_FAILURES:
         pass
     try:
@@ -323,6 +388,7 @@ def check_load(session: Any, results: Results, package: str, expect: str, check:
 
 
 # -- CUDA --------------------------------------------------------------------------------
+
 
 def toolkit_home(session: Any, tk: Toolkit) -> tuple[Path | None, str]:
     """CUDA_HOME of a toolkit for this session (``toolkits.requirements(tk)``
@@ -338,13 +404,22 @@ def torch_headers(session: Any, version: str) -> Path:
         return dest
     session.install("pip")
     download = tmp(session, "torch-wheel")
-    session.run("python", "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
-                "-d", str(download), f"torch=={version}")
+    session.run(
+        "python",
+        "-m",
+        "pip",
+        "download",
+        "--quiet",
+        "--no-deps",
+        "--only-binary=:all:",
+        "-d",
+        str(download),
+        f"torch=={version}",
+    )
     (wheel,) = download.glob("torch-*.whl")
     staging = tmp(session, "torch-headers")
     with zipfile.ZipFile(wheel) as zf:
-        members = [n for n in zf.namelist()
-                   if n.startswith("torch/include/") or n == "torch/utils/cpp_extension.py"]
+        members = [n for n in zf.namelist() if n.startswith("torch/include/") or n == "torch/utils/cpp_extension.py"]
         zf.extractall(staging, members)
     shutil.rmtree(download)
     CACHE.mkdir(parents=True, exist_ok=True)
@@ -371,10 +446,21 @@ def cuda_compile_check(session: Any, results: Results, m: Matrix, packages: list
     headers = torch_headers(session, torch_version)
     out = tmp(session, "cuda-compile") / "results.json"
     try:
-        session.run("python", str(SCRIPTS / "cuda_compile.py"), "--cuda-home", str(home),
-                    "--torch-root", str(headers), "--arch-list", tk.arch_list,
-                    "--build-dir", str(tmp(session, "cuda-build")), "--json", str(out),
-                    *[str(PACKAGES / p) for p in packages])
+        session.run(
+            "python",
+            str(SCRIPTS / "cuda_compile.py"),
+            "--cuda-home",
+            str(home),
+            "--torch-root",
+            str(headers),
+            "--arch-list",
+            tk.arch_list,
+            "--build-dir",
+            str(tmp(session, "cuda-build")),
+            "--json",
+            str(out),
+            *[str(PACKAGES / p) for p in packages],
+        )
     except BUILD_FAILURES:
         pass
     try:
@@ -384,15 +470,19 @@ def cuda_compile_check(session: Any, results: Results, m: Matrix, packages: list
     for package in packages:
         r = per_package.get(package, {"status": "fail", "detail": "cuda_compile.py did not finish"})
         text = {"pass": "compiled", "fail": "FAILED", "skip": "no CUDA sources"}[r["status"]]
-        results.add(package, check, r["status"], text,
-                    f"{r['detail']}; torch {torch_version} headers, archs {tk.arch_list}")
+        results.add(
+            package, check, r["status"], text, f"{r['detail']}; torch {torch_version} headers, archs {tk.arch_list}"
+        )
 
 
 def cuda_build_env(home: Path, tk: Toolkit) -> dict[str, str]:
     """Environment of a CUDA build with toolkit ``tk`` at ``home`` (its arch
     list unless TORCH_CUDA_ARCH_LIST is set; its nvcc first on PATH)."""
-    env = {**toolkits.build_env(tk, home), "OPS_CUDA": "1",
-           "PATH": f"{home / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env = {
+        **toolkits.build_env(tk, home),
+        "OPS_CUDA": "1",
+        "PATH": f"{home / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
     if os.environ.get("TORCH_CUDA_ARCH_LIST"):
         env["TORCH_CUDA_ARCH_LIST"] = os.environ["TORCH_CUDA_ARCH_LIST"]
     return env

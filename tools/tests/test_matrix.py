@@ -50,12 +50,15 @@ def test_toolkit_arch_list_defaults_to_the_global_one():
     assert m.toolkits[data["cuda"]["toolkit"][0]["version"]].arch_list == data["cuda"]["arch_list"]
 
 
-@pytest.mark.parametrize("mutate, message", [
-    (lambda d: d["lanes"].update(torch="9.9"), "lanes.torch"),
-    (lambda d: d["lanes"].update(cuda_toolkit="1.0"), "lanes.cuda_toolkit"),
-    (lambda d: d["cuda"]["toolkit"][0].update(torch="9.9"), "names torch 9.9"),
-    (lambda d: d["cuda"]["toolkit"][0].update(source="ftp"), "unknown source"),
-])
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda d: d["lanes"].update(torch="9.9"), "lanes.torch"),
+        (lambda d: d["lanes"].update(cuda_toolkit="1.0"), "lanes.cuda_toolkit"),
+        (lambda d: d["cuda"]["toolkit"][0].update(torch="9.9"), "names torch 9.9"),
+        (lambda d: d["cuda"]["toolkit"][0].update(source="ftp"), "unknown source"),
+    ],
+)
 def test_inconsistent_matrix_is_refused(mutate, message):
     data = copy.deepcopy(_data())
     mutate(data)

@@ -44,12 +44,31 @@ def test_missing_results_fail_the_summary(tmp_path):
 
 
 def test_matrix_table(tmp_path, capsys):
-    run = {"session": "matrix-3.11(torch='2.13')", "kind": "matrix", "row": "2.13", "label": "torch 2.13.0",
-           "started": 0, "seconds": 60, "items": [
-               {"suite": "round-op", "check": "cpu wheel: tests", "status": "pass", "text": "",
-                "detail": "", "counts": {"passed": 7, "failed": 0, "skipped": 0}},
-               {"suite": "round-op", "check": "cu130 wheel: load", "status": "skip", "text": "no toolkit",
-                "detail": "why"}]}
+    run = {
+        "session": "matrix-3.11(torch='2.13')",
+        "kind": "matrix",
+        "row": "2.13",
+        "label": "torch 2.13.0",
+        "started": 0,
+        "seconds": 60,
+        "items": [
+            {
+                "suite": "round-op",
+                "check": "cpu wheel: tests",
+                "status": "pass",
+                "text": "",
+                "detail": "",
+                "counts": {"passed": 7, "failed": 0, "skipped": 0},
+            },
+            {
+                "suite": "round-op",
+                "check": "cu130 wheel: load",
+                "status": "skip",
+                "text": "no toolkit",
+                "detail": "why",
+            },
+        ],
+    }
     (tmp_path / "m.json").write_text(json.dumps(run))
     assert results.table(tmp_path, tmp_path / "m.md") == 0
     out = capsys.readouterr().out

@@ -18,8 +18,9 @@ from tools.packages import op_packages
 
 
 def _copy_repository(dest: Path) -> Path:
-    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True,
-                           check=True).stdout.split("\0")
+    files = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split("\0")
     for rel in filter(None, files):
         src = ROOT / rel
         if src.is_file():
@@ -51,8 +52,11 @@ def test_new_op_is_discovered_with_its_recipe(new_repo):
     assert "spin-op" in op_packages(new_repo / "packages")
     pkg = new_repo / "packages" / "spin-op"
     assert (pkg / "src" / "spin_op" / "ops.py").is_file() and (pkg / "LICENSE").is_file()
-    assert not any("round_op" in p.read_text() or "round-op" in p.read_text()
-                   for p in pkg.rglob("*") if p.is_file() and p.suffix in (".py", ".cpp", ".cu", ".h", ".toml"))
+    assert not any(
+        "round_op" in p.read_text() or "round-op" in p.read_text()
+        for p in pkg.rglob("*")
+        if p.is_file() and p.suffix in (".py", ".cpp", ".cu", ".h", ".toml")
+    )
     assert not (pkg / "bench" / "results-h200").exists()
     assert (new_repo / "recipes" / "spin-op" / "recipe.yaml").is_file()
     subprocess.run([sys.executable, "-m", "tools.recipes", "--check"], cwd=new_repo, check=True)
@@ -65,15 +69,41 @@ def test_new_op_builds_and_passes_the_contract(new_repo, tmp_path):
     pytest.importorskip("build")
     out = tmp_path / "wheel"
     env = {**os.environ, "OPS_CUDA": "0"}
-    subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out),
-                    str(new_repo / "packages" / "spin-op")], check=True, env=env, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "build",
+            "--wheel",
+            "--no-isolation",
+            "--outdir",
+            str(out),
+            str(new_repo / "packages" / "spin-op"),
+        ],
+        check=True,
+        env=env,
+        capture_output=True,
+    )
     (wheel,) = out.glob("spin_op-0.1.0-*.whl")
     site = tmp_path / "site"
     with zipfile.ZipFile(wheel) as zf:
         zf.extractall(site)
     env["PYTHONPATH"] = os.pathsep.join([str(site), env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
-                           str(new_repo / "packages" / "spin-op" / "tests")],
-                          cwd=tmp_path, env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-x",
+            str(new_repo / "packages" / "spin-op" / "tests"),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout.splitlines()[-1]

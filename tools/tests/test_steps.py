@@ -36,10 +36,15 @@ def test_parse_args_refuses_a_folder_without_setup_py(tmp_path):
 
 
 def test_uv_reads_pip_configuration():
-    env = steps.uv_env_from_pip({"find-links": ["/opt/wheels"], "extra-index-url": ["file:///a", "file:///b"],
-                                 "constraint": ["/etc/c.txt"]})
-    assert env == {"UV_EXTRA_INDEX_URL": "file:///a file:///b", "UV_FIND_LINKS": "/opt/wheels",
-                   "UV_INDEX_STRATEGY": "unsafe-best-match", "UV_CONSTRAINT": "/etc/c.txt"}
+    env = steps.uv_env_from_pip(
+        {"find-links": ["/opt/wheels"], "extra-index-url": ["file:///a", "file:///b"], "constraint": ["/etc/c.txt"]}
+    )
+    assert env == {
+        "UV_EXTRA_INDEX_URL": "file:///a file:///b",
+        "UV_FIND_LINKS": "/opt/wheels",
+        "UV_INDEX_STRATEGY": "unsafe-best-match",
+        "UV_CONSTRAINT": "/etc/c.txt",
+    }
     assert steps.uv_env_from_pip({}) == {}
 
 
@@ -50,7 +55,8 @@ def test_suites_order_and_choice():
 
 
 def test_junit_counts(tmp_path):
-    (tmp_path / "j.xml").write_text('<testsuites><testsuite tests="5" failures="1" errors="1" skipped="2"/>'
-                                    "</testsuites>")
+    (tmp_path / "j.xml").write_text(
+        '<testsuites><testsuite tests="5" failures="1" errors="1" skipped="2"/></testsuites>'
+    )
     assert steps.junit_counts(tmp_path / "j.xml") == {"passed": 1, "failed": 2, "skipped": 2}
     assert steps.junit_counts(tmp_path / "missing.xml") == {"passed": 0, "failed": 0, "skipped": 0}

@@ -24,15 +24,17 @@ extern "C" double f(double x) {
   return std::exp(x) + std::log(x) + std::pow(x, 1.5) + *p + s.str().size();
 }
 """
-needs_gxx = pytest.mark.skipif(shutil.which("g++") is None or shutil.which("objdump") is None,
-                               reason="needs g++ and objdump")
+needs_gxx = pytest.mark.skipif(
+    shutil.which("g++") is None or shutil.which("objdump") is None, reason="needs g++ and objdump"
+)
 
 
 def _build(tmp_path, flags):
     (tmp_path / "t.cpp").write_text(SOURCE)
     out = tmp_path / f"t{len(flags)}.so"
-    subprocess.run(["g++", "-O2", "-shared", "-fPIC", "-std=c++17", *flags, str(tmp_path / "t.cpp"), "-o",
-                    str(out)], check=True)
+    subprocess.run(
+        ["g++", "-O2", "-shared", "-fPIC", "-std=c++17", *flags, str(tmp_path / "t.cpp"), "-o", str(out)], check=True
+    )
     return out
 
 
@@ -54,8 +56,10 @@ def test_floor_check_reads_what_a_plain_build_needs(tmp_path):
 
 
 def test_index_is_pep_503(tmp_path):
-    for name in ("lltm_op-0.1.0+cu130-cp310-abi3-manylinux_2_28_x86_64.whl",
-                 "round_op-0.1.0+cu130-cp310-abi3-manylinux_2_28_x86_64.whl"):
+    for name in (
+        "lltm_op-0.1.0+cu130-cp310-abi3-manylinux_2_28_x86_64.whl",
+        "round_op-0.1.0+cu130-cp310-abi3-manylinux_2_28_x86_64.whl",
+    ):
         with zipfile.ZipFile(tmp_path / name, "w") as zf:
             zf.writestr("x.txt", name)
     simple = wheels.write_index(tmp_path)

@@ -30,15 +30,17 @@ import json
 import os
 from pathlib import Path
 
-import torch
-
 import lltm_op
+import torch
 from lltm_op import lltm, lltm_reference, lltm_sequence
 from lltm_op._runtime import BUILD_INFO
 from opscommon.bench import interleaved_wall_times_us
 
-SIZES = [((64, 16, 32, 128), torch.float32), ((32, 256, 512, 1024), torch.float32),
-         ((32, 256, 512, 1024), torch.bfloat16)]
+SIZES = [
+    ((64, 16, 32, 128), torch.float32),
+    ((32, 256, 512, 1024), torch.float32),
+    ((32, 256, 512, 1024), torch.bfloat16),
+]
 QUICK_SIZES = [((8, 4, 8, 16), torch.float32), ((4, 8, 16, 32), torch.bfloat16)]
 
 OURS = "lltm_sequence"
@@ -70,9 +72,13 @@ def sequence(x, w, b, h, c):
 
 def with_flags(fn, *, tf32=None, cudnn_tf32=None, fused=None):
     """fn run with torch's TF32 flags / the sequence path set, then restored."""
+
     def run():
-        old = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
-               os.environ.get("LLTM_OP_SEQUENCE_FUSED"))
+        old = (
+            torch.backends.cuda.matmul.allow_tf32,
+            torch.backends.cudnn.allow_tf32,
+            os.environ.get("LLTM_OP_SEQUENCE_FUSED"),
+        )
         if tf32 is not None:
             torch.backends.cuda.matmul.allow_tf32 = tf32
         if cudnn_tf32 is not None:
@@ -135,8 +141,10 @@ def main() -> None:
 
     name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     build = f"CUDA {BUILD_INFO['cuda']}" if BUILD_INFO.get("cuda") else "CPU"
-    header = (f"device: {name}; torch {torch.__version__} (CUDA {torch.version.cuda}, cuDNN "
-              f"{torch.backends.cudnn.version()}); lltm_op {lltm_op.__version__} ({build} build)")
+    header = (
+        f"device: {name}; torch {torch.__version__} (CUDA {torch.version.cuda}, cuDNN "
+        f"{torch.backends.cudnn.version()}); lltm_op {lltm_op.__version__} ({build} build)"
+    )
     print(header, flush=True)
 
     results = []
@@ -153,10 +161,11 @@ def main() -> None:
         lstm_grads = [grads[0], grads[1].unsqueeze(0), grads[2].unsqueeze(0)]
 
         def fwd_bwd(fn):
-            return lambda: torch.autograd.grad(fn(*inputs), inputs, grads)
+            # the closures die with `variants`, before the `del` at the end of the loop
+            return lambda: torch.autograd.grad(fn(*inputs), inputs, grads)  # noqa: F821
 
         def lstm_fwd_bwd():
-            out, (h_n, c_n) = lstm(inputs[0], (h0, c0))
+            out, (h_n, c_n) = lstm(inputs[0], (h0, c0))  # noqa: F821
             return torch.autograd.grad((out, h_n, c_n), lstm_inputs, lstm_grads)
 
         variants = {
@@ -177,15 +186,28 @@ def main() -> None:
         # Correctness of what is timed, once: ours against the loop of cells.
         got = variants[OURS]()
         want = variants[CELLS]()
-        worst = max(((g.double() - w.double()).norm() / w.double().norm().clamp_min(1e-30)).item()
-                    for g, w in zip(got, want))
+        worst = max(
+            ((g.double() - w.double()).norm() / w.double().norm().clamp_min(1e-30)).item() for g, w in zip(got, want)
+        )
         del got, want
-        print(f"{label}: compiling/warming up {len(variants)} variants "
-              f"(lltm_sequence vs loop of cells, worst gradient rel. diff {worst:.2e})", flush=True)
+        print(
+            f"{label}: compiling/warming up {len(variants)} variants "
+            f"(lltm_sequence vs loop of cells, worst gradient rel. diff {worst:.2e})",
+            flush=True,
+        )
         times = interleaved_wall_times_us(variants, warmup=3, repeat=repeat)
         memory = {v: peak_mib(fn, device) for v, fn in variants.items()}
-        row = {"size": label, "T": T, "B": B, "F": F, "S": S, "dtype": dname, "worst_rel_diff": worst,
-               "ms": {v: t / 1e3 for v, t in times.items()}, "peak_mib": memory}
+        row = {
+            "size": label,
+            "T": T,
+            "B": B,
+            "F": F,
+            "S": S,
+            "dtype": dname,
+            "worst_rel_diff": worst,
+            "ms": {v: t / 1e3 for v, t in times.items()},
+            "peak_mib": memory,
+        }
         results.append(row)
         for v in variants:
             mem = "" if memory[v] is None else f"  peak {memory[v]:8.1f} MiB"
@@ -207,8 +229,9 @@ def main() -> None:
             parts.append(f"TF32 vs {LSTM}: {ms[OURS_TF32] / ms[LSTM]:.2f}x")
             parts.append(f"vs {LSTM_NO_TF32}: {ms[OURS] / ms[LSTM_NO_TF32]:.2f}x")
         if mem.get(OURS) is not None:
-            parts.append(f"peak memory vs {CELLS}: {mem[OURS]:.1f} / {mem[CELLS]:.1f} MiB = "
-                         f"{mem[OURS] / mem[CELLS]:.2f}x")
+            parts.append(
+                f"peak memory vs {CELLS}: {mem[OURS]:.1f} / {mem[CELLS]:.1f} MiB = {mem[OURS] / mem[CELLS]:.2f}x"
+            )
         lines.append(f"- {r['size']}: " + "; ".join(parts))
     table = "\n".join(lines)
     print()
@@ -216,11 +239,14 @@ def main() -> None:
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        tf32 = (f"float32 matmul TF32 default: torch.backends.cuda.matmul.allow_tf32="
-                f"{torch.backends.cuda.matmul.allow_tf32}, torch.backends.cudnn.allow_tf32="
-                f"{torch.backends.cudnn.allow_tf32}")
-        (out / "lltm_sequence.md").write_text(f"{header}\n\n{tf32}\n\nforward+backward of a whole "
-                                              f"sequence, synchronized wall time, median\n\n{table}\n")
+        tf32 = (
+            f"float32 matmul TF32 default: torch.backends.cuda.matmul.allow_tf32="
+            f"{torch.backends.cuda.matmul.allow_tf32}, torch.backends.cudnn.allow_tf32="
+            f"{torch.backends.cudnn.allow_tf32}"
+        )
+        (out / "lltm_sequence.md").write_text(
+            f"{header}\n\n{tf32}\n\nforward+backward of a whole sequence, synchronized wall time, median\n\n{table}\n"
+        )
         (out / "lltm_sequence.json").write_text(json.dumps({"header": header, "results": results}, indent=1))
         print(f"wrote {out / 'lltm_sequence.md'}")
 

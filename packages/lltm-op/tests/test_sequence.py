@@ -12,7 +12,6 @@ import os
 
 import pytest
 import torch
-
 from lltm_op import LLTM, LLTMSequence, lltm, lltm_reference, lltm_sequence
 from lltm_op._runtime import BUILD_INFO
 from opscommon.testing import DEVICES, BadInput, OpContract, cuda_usable, with_layout
@@ -94,8 +93,18 @@ class TestSequenceContract(OpContract):
     build_info = BUILD_INFO
     # (T, B, F, S): one step, batch 1, state sizes off every block width, a
     # state past one block of 32 columns, T = 0, B = 0, S = 0, F = 0.
-    cases = [(1, 1, 1, 1), (3, 2, 3, 5), (5, 4, 5, 3), (6, 16, 32, 128), (4, 3, 7, 33),
-             (3, 9, 4, 40), (0, 4, 6, 5), (3, 0, 4, 6), (3, 5, 2, 0), (4, 3, 0, 5)]
+    cases = [
+        (1, 1, 1, 1),
+        (3, 2, 3, 5),
+        (5, 4, 5, 3),
+        (6, 16, 32, 128),
+        (4, 3, 7, 33),
+        (3, 9, 4, 40),
+        (0, 4, 6, 5),
+        (3, 0, 4, 6),
+        (3, 5, 2, 0),
+        (4, 3, 0, 5),
+    ]
     grad_cases = [(3, 2, 3, 4), (1, 2, 2, 5), (4, 3, 1, 6)]
     grad_inputs = (0, 1, 2, 3, 4)
     special_values = False  # the matrix products mix every element into whole rows
@@ -143,19 +152,22 @@ class TestSequenceContract(OpContract):
                 torch.library.opcheck(seq_forward, (x, w.clone().requires_grad_(), b, h, c))
                 torch.library.opcheck(
                     seq_forward,
-                    (with_layout(x, "transposed"), with_layout(w, "strided"), with_layout(b, "offset"),
-                     with_layout(h, "transposed"), with_layout(c, "strided")),
+                    (
+                        with_layout(x, "transposed"),
+                        with_layout(w, "strided"),
+                        with_layout(b, "offset"),
+                        with_layout(h, "transposed"),
+                        with_layout(c, "strided"),
+                    ),
                 )
-                for grads in ((gs[0], None, None), (None, gs[1], None), (None, None, gs[2]),
-                              (None, None, None)):
+                for grads in ((gs[0], None, None), (None, gs[1], None), (None, None, gs[2]), (None, None, None)):
                     torch.library.opcheck(seq_backward, (*grads, x, w, h, c, outputs, gates, cells, False))
                 empty = make_args(0, 3, 2, 4, dtype=dtype, device=device)
                 torch.library.opcheck(seq_forward, tuple(t.clone().requires_grad_() for t in empty))
 
     def bad_inputs(self, device):
         def args(**replace):
-            a = dict(zip(("input", "weights", "bias", "old_h", "old_cell"),
-                         make_args(5, 16, 32, 128, device=device)))
+            a = dict(zip(("input", "weights", "bias", "old_h", "old_cell"), make_args(5, 16, 32, 128, device=device)))
             a.update(replace)
             return a
 
@@ -171,54 +183,106 @@ class TestSequenceContract(OpContract):
 
         good = make_args(2, 4, 3, 5, device=device)
         return [
-            BadInput("bias shape", call(bias=torch.zeros(10, **f32)),
-                     rf"^{OP}: argument 'bias' must have shape \[384\], got \[10\]$"),
-            BadInput("weights shape", call(weights=torch.zeros(384, 128, **f32)),
-                     rf"{OP}: argument 'weights' must have shape \[384, 160\], got \[384, 128\]"),
-            BadInput("old_h batch", call(old_h=torch.zeros(15, 128, **f32)),
-                     rf"{OP}: argument 'old_h' must have shape \[16, \*\], got \[15, 128\]"),
-            BadInput("old_cell state", call(old_cell=torch.zeros(16, 127, **f32)),
-                     rf"{OP}: argument 'old_cell' must have shape \[16, 128\], got \[16, 127\]"),
-            BadInput("input 2-D (one step)", call(input=torch.zeros(16, 32, **f32)),
-                     rf"{OP}: argument 'input' must have shape \[\*, \*, \*\], got \[16, 32\]"),
-            BadInput("input batch", call(input=torch.zeros(5, 15, 32, **f32)),
-                     rf"{OP}: argument 'old_h' must have shape \[15, \*\], got \[16, 128\]"),
-            BadInput("weights dtype", call(weights=torch.zeros(384, 160, dtype=torch.float64, device=device)),
-                     rf"{OP}: arguments 'input' and 'weights' must have the same dtype, got float32 and float64"),
-            BadInput("integer input", lambda: lltm_sequence(*(t.long() for t in good)),
-                     rf"{OP}: argument 'input' must be a floating-point tensor .*got int64"),
-            BadInput("old_cell device", call(old_cell=torch.zeros(16, 128, device=other)),
-                     rf"{OP}: arguments 'input' and 'old_cell' must be on the same device, got {this} and {other}"),
-            BadInput("None", call(old_h=None), rf"{OP}: argument 'old_h' must be a tensor, got NoneType",
-                     TypeError),
+            BadInput(
+                "bias shape",
+                call(bias=torch.zeros(10, **f32)),
+                rf"^{OP}: argument 'bias' must have shape \[384\], got \[10\]$",
+            ),
+            BadInput(
+                "weights shape",
+                call(weights=torch.zeros(384, 128, **f32)),
+                rf"{OP}: argument 'weights' must have shape \[384, 160\], got \[384, 128\]",
+            ),
+            BadInput(
+                "old_h batch",
+                call(old_h=torch.zeros(15, 128, **f32)),
+                rf"{OP}: argument 'old_h' must have shape \[16, \*\], got \[15, 128\]",
+            ),
+            BadInput(
+                "old_cell state",
+                call(old_cell=torch.zeros(16, 127, **f32)),
+                rf"{OP}: argument 'old_cell' must have shape \[16, 128\], got \[16, 127\]",
+            ),
+            BadInput(
+                "input 2-D (one step)",
+                call(input=torch.zeros(16, 32, **f32)),
+                rf"{OP}: argument 'input' must have shape \[\*, \*, \*\], got \[16, 32\]",
+            ),
+            BadInput(
+                "input batch",
+                call(input=torch.zeros(5, 15, 32, **f32)),
+                rf"{OP}: argument 'old_h' must have shape \[15, \*\], got \[16, 128\]",
+            ),
+            BadInput(
+                "weights dtype",
+                call(weights=torch.zeros(384, 160, dtype=torch.float64, device=device)),
+                rf"{OP}: arguments 'input' and 'weights' must have the same dtype, got float32 and float64",
+            ),
+            BadInput(
+                "integer input",
+                lambda: lltm_sequence(*(t.long() for t in good)),
+                rf"{OP}: argument 'input' must be a floating-point tensor .*got int64",
+            ),
+            BadInput(
+                "old_cell device",
+                call(old_cell=torch.zeros(16, 128, device=other)),
+                rf"{OP}: arguments 'input' and 'old_cell' must be on the same device, got {this} and {other}",
+            ),
+            BadInput("None", call(old_h=None), rf"{OP}: argument 'old_h' must be a tensor, got NoneType", TypeError),
             # The registered ops check their own arguments (C++ kernels).
-            BadInput("sequence_forward weights shape",
-                     lambda: seq_forward(z(2, 4, 3), z(15, 7), z(15), z(4, 5), z(4, 5)),
-                     r"lltm_op.sequence_forward: argument 'weights' must have shape \[15, 8\], got \[15, 7\]"),
-            BadInput("sequence_forward dtype",
-                     lambda: seq_forward(z(2, 4, 3), z(15, 8), z(15), z(4, 5, dtype=torch.float64), z(4, 5)),
-                     r"lltm_op.sequence_forward: arguments 'input' and 'old_h' must have the same dtype, "
-                     r"got float32 and float64"),
-            BadInput("sequence_forward int",
-                     lambda: seq_forward(z(2, 4, 3, dtype=torch.int32), z(15, 8), z(15), z(4, 5), z(4, 5)),
-                     r"lltm_op.sequence_forward: argument 'input' must be a floating-point tensor"),
-            BadInput("sequence_forward device",
-                     lambda: seq_forward(z(2, 4, 3), z(15, 8), z(15, device=other), z(4, 5), z(4, 5)),
-                     rf"lltm_op.sequence_forward: arguments 'input' and 'bias' must be on the same device, "
-                     rf"got {this} and {other}"),
-            BadInput("sequence_backward grad shape",
-                     lambda: seq_backward(z(2, 4, 4), None, None, z(2, 4, 3), z(15, 8), z(4, 5), z(4, 5),
-                                          z(2, 4, 5), z(2, 4, 15), z(2, 4, 5), True),
-                     r"lltm_op.sequence_backward: argument 'grad_outputs' must have shape \[2, 4, 5\], "
-                     r"got \[2, 4, 4\]"),
-            BadInput("sequence_backward gates shape",
-                     lambda: seq_backward(None, None, None, z(2, 4, 3), z(15, 8), z(4, 5), z(4, 5),
-                                          z(2, 4, 5), z(2, 4, 5), z(2, 4, 5), True),
-                     r"lltm_op.sequence_backward: argument 'gates' must have shape \[2, 4, 15\]"),
+            BadInput(
+                "sequence_forward weights shape",
+                lambda: seq_forward(z(2, 4, 3), z(15, 7), z(15), z(4, 5), z(4, 5)),
+                r"lltm_op.sequence_forward: argument 'weights' must have shape \[15, 8\], got \[15, 7\]",
+            ),
+            BadInput(
+                "sequence_forward dtype",
+                lambda: seq_forward(z(2, 4, 3), z(15, 8), z(15), z(4, 5, dtype=torch.float64), z(4, 5)),
+                r"lltm_op.sequence_forward: arguments 'input' and 'old_h' must have the same dtype, "
+                r"got float32 and float64",
+            ),
+            BadInput(
+                "sequence_forward int",
+                lambda: seq_forward(z(2, 4, 3, dtype=torch.int32), z(15, 8), z(15), z(4, 5), z(4, 5)),
+                r"lltm_op.sequence_forward: argument 'input' must be a floating-point tensor",
+            ),
+            BadInput(
+                "sequence_forward device",
+                lambda: seq_forward(z(2, 4, 3), z(15, 8), z(15, device=other), z(4, 5), z(4, 5)),
+                rf"lltm_op.sequence_forward: arguments 'input' and 'bias' must be on the same device, "
+                rf"got {this} and {other}",
+            ),
+            BadInput(
+                "sequence_backward grad shape",
+                lambda: seq_backward(
+                    z(2, 4, 4),
+                    None,
+                    None,
+                    z(2, 4, 3),
+                    z(15, 8),
+                    z(4, 5),
+                    z(4, 5),
+                    z(2, 4, 5),
+                    z(2, 4, 15),
+                    z(2, 4, 5),
+                    True,
+                ),
+                r"lltm_op.sequence_backward: argument 'grad_outputs' must have shape \[2, 4, 5\], "
+                r"got \[2, 4, 4\]",
+            ),
+            BadInput(
+                "sequence_backward gates shape",
+                lambda: seq_backward(
+                    None, None, None, z(2, 4, 3), z(15, 8), z(4, 5), z(4, 5), z(2, 4, 5), z(2, 4, 5), z(2, 4, 5), True
+                ),
+                r"lltm_op.sequence_backward: argument 'gates' must have shape \[2, 4, 15\]",
+            ),
             # 3 * S overflows int64: a batch of 0 rows makes old_h that wide.
-            BadInput("state size overflows",
-                     lambda: seq_forward(z(2, 0, 3), z(0, 8), z(0), z(0, 2**62), z(0, 2**62)),
-                     r"lltm_op.sequence_forward: the state size is too large"),
+            BadInput(
+                "state size overflows",
+                lambda: seq_forward(z(2, 0, 3), z(0, 8), z(0), z(0, 2**62), z(0, 2**62)),
+                r"lltm_op.sequence_forward: the state size is too large",
+            ),
         ]
 
 
@@ -234,8 +298,11 @@ def check_against_reference(args, grads_for=("outputs", "h_n", "c_n"), tol=None,
     for o, r in zip(out, ref):
         torch.testing.assert_close(o, r, **tol)
     names = ("outputs", "h_n", "c_n")
-    pairs = [(o, r, torch.randn(r.shape, dtype=r.dtype, generator=generator).to(r.device))
-             for name, o, r in zip(names, out, ref) if name in grads_for]
+    pairs = [
+        (o, r, torch.randn(r.shape, dtype=r.dtype, generator=generator).to(r.device))
+        for name, o, r in zip(names, out, ref)
+        if name in grads_for
+    ]
     got = torch.autograd.grad([p[0] for p in pairs], args, [p[2] for p in pairs], allow_unused=True)
     want = torch.autograd.grad([p[1] for p in pairs], ref_args, [p[2] for p in pairs], allow_unused=True)
     for name, g, w, a in zip(("input", "weights", "bias", "old_h", "old_cell"), got, want, args):
@@ -257,14 +324,14 @@ def test_every_gradient_float64(device, size):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("grads_for", [("outputs",), ("h_n",), ("c_n",), ("h_n", "c_n"), ("outputs", "c_n")],
-                         ids=str)
+@pytest.mark.parametrize("grads_for", [("outputs",), ("h_n",), ("c_n",), ("h_n", "c_n"), ("outputs", "c_n")], ids=str)
 def test_gradients_through_each_output(device, grads_for):
     """Only some of outputs, h_n, c_n used: the others' gradients are absent."""
     device = need(device)
     gen = torch.Generator().manual_seed(len(grads_for))
-    check_against_reference(make_args(5, 3, 4, 6, dtype=torch.float64, device=device, generator=gen),
-                            grads_for=grads_for, generator=gen)
+    check_against_reference(
+        make_args(5, 3, 4, 6, dtype=torch.float64, device=device, generator=gen), grads_for=grads_for, generator=gen
+    )
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -275,8 +342,7 @@ def test_backward_in_chunks(device, chunks):
     device = need(device)
     gen = torch.Generator().manual_seed(chunks)
     with env(LLTM_OP_SEQUENCE_CHUNKS=chunks):
-        check_against_reference(make_args(7, 3, 4, 5, dtype=torch.float64, device=device, generator=gen),
-                                generator=gen)
+        check_against_reference(make_args(7, 3, 4, 5, dtype=torch.float64, device=device, generator=gen), generator=gen)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -370,8 +436,7 @@ def test_saves_only_what_the_backward_needs():
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
         outputs, _ = lltm_sequence(*args)
     shapes = sorted(tuple(t.shape) for t in saved)
-    assert shapes == sorted([(T, B, F), (3 * S, S + F), (B, S), (B, S), (T, B, S), (T, B, 3 * S),
-                             (T, B, S)]), shapes
+    assert shapes == sorted([(T, B, F), (3 * S, S + F), (B, S), (B, S), (T, B, S), (T, B, 3 * S), (T, B, S)]), shapes
     for arg in (args[0], args[1], args[3], args[4]):
         assert any(t.data_ptr() == arg.data_ptr() for t in saved)
     assert any(t.data_ptr() == outputs.data_ptr() for t in saved)
@@ -407,8 +472,7 @@ def test_forward_ad_is_refused(device):
         with pytest.raises(RuntimeError, match=rf"{OP}: forward-mode AD"):
             lltm_sequence(x, *args[1:])
     with pytest.raises(RuntimeError, match=rf"{OP}: forward-mode AD"):
-        torch.func.jvp(lambda w: lltm_sequence(args[0], w, *args[2:])[0], (args[1],),
-                       (torch.randn_like(args[1]),))
+        torch.func.jvp(lambda w: lltm_sequence(args[0], w, *args[2:])[0], (args[1],), (torch.randn_like(args[1]),))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -611,8 +675,7 @@ def test_short_training_loop_loss_falls(device):
 @pytest.mark.cuda
 @pytest.mark.parametrize("fused", ["0", "1"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16], ids=str)
-@pytest.mark.parametrize("size", [(5, 3, 4, 6), (3, 7, 5, 33), (4, 70, 9, 40), (2, 5, 3, 130), (3, 1, 2, 1)],
-                         ids=str)
+@pytest.mark.parametrize("size", [(5, 3, 4, 6), (3, 7, 5, 33), (4, 70, 9, 40), (2, 5, 3, 130), (3, 1, 2, 1)], ids=str)
 def test_cuda_paths_match_the_reference(fused, dtype, size):
     """The fused step kernels and the cuBLAS path, forced, on sizes off every
     block width (S = 33, 130; B = 70 past 64 rows), against float64."""
@@ -707,8 +770,9 @@ def test_cuda_compile_reduce_overhead():
         b = [t.clone().requires_grad_() for t in args]
         want = flat(lltm_sequence(*b))
         sum(o.sum() for o in want).backward()
-        for x, y in zip([o.detach().clone() for o in out] + [t.grad for t in a],
-                        [o.detach() for o in want] + [t.grad for t in b]):
+        for x, y in zip(
+            [o.detach().clone() for o in out] + [t.grad for t in a], [o.detach() for o in want] + [t.grad for t in b]
+        ):
             torch.testing.assert_close(x, y)
 
 
@@ -747,6 +811,7 @@ def test_cuda_peak_memory_at_most_the_loop_of_cells(size):
     def run(fn):
         def f():
             return torch.autograd.grad(flat(fn(*args)), args, grads)
+
         return f
 
     ours = peak_bytes(run(lltm_sequence))

@@ -11,7 +11,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import torch
 
 EXT = Path(__file__).parent / "ext"
@@ -24,7 +23,11 @@ def _build(tmp_path: Path, **env_updates: str) -> subprocess.CompletedProcess:
     env.update(env_updates)
     return subprocess.run(
         [sys.executable, "setup.py", "build_ext", "--build-lib", str(tmp_path / "lib")],
-        cwd=src, env=env, capture_output=True, text=True, timeout=600,
+        cwd=src,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
 
 
@@ -46,8 +49,10 @@ def test_cpu_build_writes_a_loadable_library(tmp_path):
     assert "'torch_min': '2.10'" in runtime and "'cuda': None" in runtime
     so = next(lib.glob("_C*.so"))
     assert ".abi3." in so.name  # one wheel for every Python >= 3.10
-    code = (f"import torch; torch.ops.load_library({str(so)!r}); "
-            "print(torch.ops.opscommon_tiny.axpy(torch.ones(3), torch.ones(3)).tolist())")
+    code = (
+        f"import torch; torch.ops.load_library({str(so)!r}); "
+        "print(torch.ops.opscommon_tiny.axpy(torch.ones(3), torch.ones(3)).tolist())"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.stdout.strip() == "[3.0, 3.0, 3.0]", out.stderr
 

@@ -7,7 +7,6 @@ import stat
 
 import pytest
 import torch
-
 from opscommon import build
 from opscommon.build import BuildConfigError, choose_variant
 
@@ -25,7 +24,9 @@ def test_cuda_flags_only_for_cuda():
     assert "-DUSE_CUDA" in nvcc and "-O3" in nvcc
 
 
-@pytest.mark.parametrize("value, want", [(None, "auto"), ("AUTO", "auto"), ("1", "1"), ("cuda", "1"), ("0", "0"), ("off", "0")])
+@pytest.mark.parametrize(
+    "value, want", [(None, "auto"), ("AUTO", "auto"), ("1", "1"), ("cuda", "1"), ("0", "0"), ("off", "0")]
+)
 def test_parse_cuda_choice(value, want):
     assert build.parse_cuda_choice(value) == want
 
@@ -116,8 +117,14 @@ def test_arch_list_default_and_validation():
 
 
 def test_runtime_module_fills_build_info():
-    info = {"package": "x_op", "version": "1.2.3", "torch_built_with": "2.13.0",
-            "torch_min": "2.10", "cuda": None, "cuda_arch_list": None}
+    info = {
+        "package": "x_op",
+        "version": "1.2.3",
+        "torch_built_with": "2.13.0",
+        "torch_min": "2.10",
+        "cuda": None,
+        "cuda_arch_list": None,
+    }
     source = build.runtime_module_source(info)
     namespace: dict = {}
     exec(compile(source, "_runtime.py", "exec"), namespace)
@@ -133,8 +140,15 @@ def test_runtime_module_fills_build_info():
     ],
 )
 def test_runtime_import_checks(info_update, message):
-    info = {"package": "x_op", "version": "1.2.3", "torch_built_with": "2.13.0",
-            "torch_min": "2.10", "cuda": None, "cuda_arch_list": None, **info_update}
+    info = {
+        "package": "x_op",
+        "version": "1.2.3",
+        "torch_built_with": "2.13.0",
+        "torch_min": "2.10",
+        "cuda": None,
+        "cuda_arch_list": None,
+        **info_update,
+    }
     namespace: dict = {}
     exec(compile(build.runtime_module_source(info), "_runtime.py", "exec"), namespace)
     with pytest.raises(ImportError, match=message):
@@ -169,8 +183,13 @@ def test_build_info_carries_the_variant():
 def test_vendor_into_copies_helper_and_headers(tmp_path):
     target = build.vendor_into(tmp_path)
     assert target == tmp_path / build.VENDOR_DIR / "opscommon"
-    for rel in ("__init__.py", "build.py", "runtime_template.py", "include/opscommon/checks.h",
-                "include/opscommon/glibc_compat/sys/single_threaded.h"):
+    for rel in (
+        "__init__.py",
+        "build.py",
+        "runtime_template.py",
+        "include/opscommon/checks.h",
+        "include/opscommon/glibc_compat/sys/single_threaded.h",
+    ):
         assert (target / rel).is_file(), rel
     assert not (target / "testing.py").exists()  # the test contract is not a build input
 

@@ -6,12 +6,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import opscommon
 import pytest
 import torch
-from torch.utils.cpp_extension import load
-
-import opscommon
 from opscommon.build import compile_flags
+from torch.utils.cpp_extension import load
 
 HERE = Path(__file__).parent
 
@@ -51,9 +50,21 @@ def test_non_contiguous_inputs(tiny):
 @pytest.mark.parametrize(
     "x, y, message",
     [
-        (torch.ones(3), torch.ones(4), r"opscommon_tiny.axpy: arguments 'x' and 'y' must have the same shape, got \[3\] and \[4\]"),
-        (torch.ones(3), torch.ones(3, dtype=torch.float64), "arguments 'x' and 'y' must have the same dtype, got float32 and float64"),
-        (torch.ones(3, dtype=torch.bool), torch.ones(3, dtype=torch.bool), "argument 'x' has dtype bool; supported dtypes are float32, float64"),
+        (
+            torch.ones(3),
+            torch.ones(4),
+            r"opscommon_tiny.axpy: arguments 'x' and 'y' must have the same shape, got \[3\] and \[4\]",
+        ),
+        (
+            torch.ones(3),
+            torch.ones(3, dtype=torch.float64),
+            "arguments 'x' and 'y' must have the same dtype, got float32 and float64",
+        ),
+        (
+            torch.ones(3, dtype=torch.bool),
+            torch.ones(3, dtype=torch.bool),
+            "argument 'x' has dtype bool; supported dtypes are float32, float64",
+        ),
     ],
 )
 def test_checks_name_op_and_argument(tiny, x, y, message):

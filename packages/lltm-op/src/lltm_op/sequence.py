@@ -105,8 +105,9 @@ def _sequence_forward_fake(input, weights, bias, old_h, old_cell):
 
 
 @torch.library.register_fake("lltm_op::sequence_backward")
-def _sequence_backward_fake(grad_outputs, grad_h_n, grad_c_n, input, weights, old_h, old_cell,
-                            outputs, gates, cells, input_grad):
+def _sequence_backward_fake(
+    grad_outputs, grad_h_n, grad_c_n, input, weights, old_h, old_cell, outputs, gates, cells, input_grad
+):
     op = OP_BACKWARD
     _runtime.check_dtype(op, "input", input, _FLOATING)
     _runtime.check_shape(op, "input", input, (-1, -1, -1))
@@ -122,8 +123,11 @@ def _sequence_backward_fake(grad_outputs, grad_h_n, grad_c_n, input, weights, ol
     _check_like(op, "outputs", outputs, input, (T, B, S))
     _check_like(op, "gates", gates, input, (T, B, 3 * S))
     _check_like(op, "cells", cells, input, (T, B, S))
-    for name, g, shape in (("grad_outputs", grad_outputs, (T, B, S)), ("grad_h_n", grad_h_n, (B, S)),
-                           ("grad_c_n", grad_c_n, (B, S))):
+    for name, g, shape in (
+        ("grad_outputs", grad_outputs, (T, B, S)),
+        ("grad_h_n", grad_h_n, (B, S)),
+        ("grad_c_n", grad_c_n, (B, S)),
+    ):
         if g is not None:
             _check_like(op, name, g, input, shape)
     return (
@@ -184,7 +188,16 @@ def _backward(ctx, grad_outputs, grad_h_n, grad_c_n, _grad_gates=None, _grad_cel
     # products must not see tensors that require grad; see _NoDoubleBackward).
     with _below_autograd():
         d_input, d_weights, d_bias, d_old_h, d_old_cell = _seq_backward(
-            grad_outputs, grad_h_n, grad_c_n, input, weights, old_h, old_cell, outputs, gates, cells,
+            grad_outputs,
+            grad_h_n,
+            grad_c_n,
+            input,
+            weights,
+            old_h,
+            old_cell,
+            outputs,
+            gates,
+            cells,
             bool(needs[0]),
         )
     grads = [
@@ -196,8 +209,7 @@ def _backward(ctx, grad_outputs, grad_h_n, grad_c_n, _grad_gates=None, _grad_cel
     ]
     if torch.is_grad_enabled():
         present = [k for k, g in enumerate(grads) if g is not None]
-        deps = [t for t in (input, weights, old_h, old_cell, grad_outputs, grad_h_n, grad_c_n)
-                if t is not None]
+        deps = [t for t in (input, weights, old_h, old_cell, grad_outputs, grad_h_n, grad_c_n) if t is not None]
         wrapped = _NoDoubleBackward.apply(len(present), *(grads[k] for k in present), *deps)
         for k, g in zip(present, wrapped):
             grads[k] = g
@@ -205,6 +217,7 @@ def _backward(ctx, grad_outputs, grad_h_n, grad_c_n, _grad_gates=None, _grad_cel
 
 
 torch.library.register_autograd("lltm_op::sequence_forward", _backward, setup_context=_setup_context)
+
 
 def _vmap_by_loop(op, n_out: int):
     """A batching rule that runs the op once per sample (the batched
@@ -274,8 +287,13 @@ def _run(input, weights, bias, old_h, old_cell):
         return _seq_forward(input, weights, bias, old_h, old_cell)
     if _forward_ad_active() or (
         torch.is_grad_enabled()
-        and (input.requires_grad or weights.requires_grad or bias.requires_grad
-             or old_h.requires_grad or old_cell.requires_grad)
+        and (
+            input.requires_grad
+            or weights.requires_grad
+            or bias.requires_grad
+            or old_h.requires_grad
+            or old_cell.requires_grad
+        )
     ):
         return _SequenceFunction.apply(input, weights, bias, old_h, old_cell)
     with _below_autograd():
@@ -310,9 +328,13 @@ def _explain_bad_args(input, weights, bias, old_h, old_cell) -> None:
 def _args_ok(input, weights, bias, old_h, old_cell) -> bool:
     # Cheap attribute reads only; any doubt goes to _explain_bad_args.
     if not (
-        isinstance(input, Tensor) and isinstance(weights, Tensor) and isinstance(bias, Tensor)
-        and isinstance(old_h, Tensor) and isinstance(old_cell, Tensor)
-        and input.dim() == 3 and old_h.dim() == 2
+        isinstance(input, Tensor)
+        and isinstance(weights, Tensor)
+        and isinstance(bias, Tensor)
+        and isinstance(old_h, Tensor)
+        and isinstance(old_cell, Tensor)
+        and input.dim() == 3
+        and old_h.dim() == 2
     ):
         return False
     dtype, device = input.dtype, input.device
@@ -320,10 +342,14 @@ def _args_ok(input, weights, bias, old_h, old_cell) -> bool:
     S = old_h.shape[1]
     return (
         dtype in _FLOATING
-        and weights.dtype is dtype and bias.dtype is dtype
-        and old_h.dtype is dtype and old_cell.dtype is dtype
-        and weights.device == device and bias.device == device
-        and old_h.device == device and old_cell.device == device
+        and weights.dtype is dtype
+        and bias.dtype is dtype
+        and old_h.dtype is dtype
+        and old_cell.dtype is dtype
+        and weights.device == device
+        and bias.device == device
+        and old_h.device == device
+        and old_cell.device == device
         and old_h.shape[0] == B
         and old_cell.shape == (B, S)
         and weights.shape == (3 * S, S + F)
@@ -410,7 +436,7 @@ class LLTMSequence(nn.Module):
             nn.init.uniform_(weight, -stdv, +stdv)
 
     @classmethod
-    def from_cell(cls, cell: nn.Module) -> "LLTMSequence":
+    def from_cell(cls, cell: nn.Module) -> LLTMSequence:
         """A sequence module that shares ``cell``'s parameters (no copy)."""
         seq = cls.__new__(cls)
         nn.Module.__init__(seq)

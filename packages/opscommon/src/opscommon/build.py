@@ -29,9 +29,9 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Mapping
 
 from . import TORCH_TARGET_VERSION, get_include
 
@@ -119,13 +119,10 @@ def choose_variant(
     problems = []
     if torch_cuda is None:
         problems.append(
-            "the installed torch is a CPU-only build (torch.version.cuda is None); "
-            "install a CUDA build of torch"
+            "the installed torch is a CPU-only build (torch.version.cuda is None); install a CUDA build of torch"
         )
     if nvcc is None:
-        problems.append(
-            "nvcc was not found (set CUDA_HOME to a CUDA toolkit or put nvcc on PATH)"
-        )
+        problems.append("nvcc was not found (set CUDA_HOME to a CUDA toolkit or put nvcc on PATH)")
     elif torch_cuda is not None and nvcc_ver is not None:
         torch_major = int(torch_cuda.split(".")[0])
         if nvcc_ver[0] != torch_major:
@@ -139,7 +136,8 @@ def choose_variant(
     if choice == "1":
         if problems:
             raise BuildConfigError(
-                f"{CUDA_ENV}=1 asks for a CUDA build, but " + "; and ".join(problems)
+                f"{CUDA_ENV}=1 asks for a CUDA build, but "
+                + "; and ".join(problems)
                 + f". Set {CUDA_ENV}=0 to build the CPU variant instead."
             )
         return Variant(True, f"{CUDA_ENV}=1 and nvcc {nvcc_ver} matches torch CUDA {torch_cuda}", torch_cuda)
@@ -204,7 +202,8 @@ def compile_flags(cuda: bool) -> dict[str, list[str]]:
         f"-DTORCH_TARGET_VERSION={target_version_macro()}",
         f"-DPy_LIMITED_API={LIMITED_API_HEX}",
         # found before the system's <sys/single_threaded.h> (glibc >= 2.32)
-        "-isystem", compat,
+        "-isystem",
+        compat,
     ]
     force = ["-include", os.path.join(compat, "opscommon_glibc_compat.h")]
     flags = {"cxx": common + force + ["-std=c++17", "-fvisibility=hidden"]}

@@ -2,9 +2,12 @@
 
 from pathlib import Path
 
+from opscommon.build import setup_kwargs
 from setuptools import setup
 
-from opscommon.build import setup_kwargs
-
-setup(name="opscommon-tiny", version="0.0.0", packages=[],
-      **setup_kwargs("opscommon_tiny", "0.0.0", Path(__file__).parent.resolve()))
+setup(
+    name="opscommon-tiny",
+    version="0.0.0",
+    packages=[],
+    **setup_kwargs("opscommon_tiny", "0.0.0", Path(__file__).parent.resolve()),
+)
