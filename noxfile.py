@@ -20,7 +20,7 @@ from pathlib import Path
 import nox
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tools import ROOT, lanes, steps, toolkits  # noqa: E402
+from tools import ROOT, lanes, steps, toolkits, wheels  # noqa: E402
 from tools import matrix as matrix_config  # noqa: E402
 from tools.packages import COMMON, import_name, op_packages  # noqa: E402
 from tools.results import RESULTS_DIR, Results  # noqa: E402
@@ -97,25 +97,14 @@ def build(session: nox.Session) -> None:
     for variant in variants:
         work = steps.tmp(session, f"built-{variant}")
         _, built = lanes.build_variant(
-            session, M, variant, args.packages, results, work, f"{variant}: build", *lanes.wheels.AUDIT_TOOLS
+            session, M, variant, args.packages, results, work, f"{variant}: build", *wheels.AUDIT_TOOLS
         )
         lanes.release(session, results, built, work, ROOT / "dist" / variant, variant)
     if "cuda" not in args.flags:
         src = ROOT / "dist" / "src"
         shutil.rmtree(src, ignore_errors=True)
         for package in [COMMON, *args.packages]:
-            session.run(
-                "python",
-                "-m",
-                "build",
-                "--sdist",
-                "--no-isolation",
-                "--outdir",
-                str(src),
-                str(steps.clean_copy(session, package)),
-                env={"OPS_CUDA": "0"},
-                silent=True,
-            )
+            steps.build_sdist(session, package, src)
         shutil.copy2(next(work.glob("opscommon-*.whl")), src)
         session.log(f"sdists in {src}: " + ", ".join(sorted(p.name for p in src.iterdir())))
     results.finish()

@@ -247,12 +247,9 @@ def build_and_install(
     return built
 
 
-def build_sdist_in_isolation(session: Any, results: Results, package: str, torch_version: str) -> None:
-    """``package``'s sdist, then a wheel from it in an isolated build
-    environment (public packages only: setuptools, ninja, torch), installed
-    and loaded. torch of the build environment is pinned to the session's
-    (a build constraint) so no other torch is downloaded."""
-    sdist_dir = tmp(session, "sdist")
+def build_sdist(session: Any, package: str, dest: Path) -> Path:
+    """``package``'s sdist (an op's carries opscommon's build helper) into ``dest``."""
+    before = set(dest.glob("*.tar.gz"))
     session.run(
         "python",
         "-m",
@@ -260,12 +257,22 @@ def build_sdist_in_isolation(session: Any, results: Results, package: str, torch
         "--sdist",
         "--no-isolation",
         "--outdir",
-        str(sdist_dir),
+        str(dest),
         str(clean_copy(session, package)),
         env={"OPS_CUDA": "0"},
         silent=True,
     )
-    (sdist,) = sdist_dir.glob("*.tar.gz")
+    (sdist,) = set(dest.glob("*.tar.gz")) - before
+    return sdist
+
+
+def build_sdist_in_isolation(session: Any, results: Results, package: str, torch_version: str) -> None:
+    """``package``'s sdist, then a wheel from it in an isolated build
+    environment (public packages only: setuptools, ninja, torch), installed
+    and loaded. torch of the build environment is pinned to the session's
+    (a build constraint) so no other torch is downloaded."""
+    sdist_dir = tmp(session, "sdist")
+    sdist = build_sdist(session, package, sdist_dir)
     with __import__("tarfile").open(sdist) as tf:
         names = tf.getnames()
     if not any("/_opscommon/opscommon/build.py" in n for n in names):
