@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pytest
-import torch
-
 import round_op
-from opscommon.testing import DEVICES, BadInput, OpContract, cuda_usable
+import torch
+from opscommon.testing import DEVICES, BadInput, OpContract, cuda_usable, run_with_public_api_only
 from round_op._runtime import BUILD_INFO
 
 OP = "round_op.round_ste"
@@ -72,12 +71,21 @@ class TestRoundSteContract(OpContract):
 
     def bad_inputs(self, device):
         return [
-            BadInput("int32 input", lambda: round_op.round_ste(torch.ones(3, dtype=torch.int32, device=device)),
-                     f"{OP}: argument 'x' must be a floating-point tensor"),
-            BadInput("bool input", lambda: round_op.round_ste(torch.ones(3, dtype=torch.bool, device=device)),
-                     f"{OP}: argument 'x' must be a floating-point tensor"),
-            BadInput("int64 via torch.ops", lambda: torch.ops.round_op.round_ste(torch.ones(3, dtype=torch.int64, device=device)),
-                     f"{OP}: argument 'x' must be a floating-point tensor.*int64"),
+            BadInput(
+                "int32 input",
+                lambda: round_op.round_ste(torch.ones(3, dtype=torch.int32, device=device)),
+                f"{OP}: argument 'x' must be a floating-point tensor",
+            ),
+            BadInput(
+                "bool input",
+                lambda: round_op.round_ste(torch.ones(3, dtype=torch.bool, device=device)),
+                f"{OP}: argument 'x' must be a floating-point tensor",
+            ),
+            BadInput(
+                "int64 via torch.ops",
+                lambda: torch.ops.round_op.round_ste(torch.ones(3, dtype=torch.int64, device=device)),
+                f"{OP}: argument 'x' must be a floating-point tensor.*int64",
+            ),
             BadInput("None", lambda: round_op.round_ste(None), f"{OP}: argument 'x' must be a tensor", TypeError),
         ]
 
@@ -148,9 +156,12 @@ def test_allocation_failure_names_the_op_and_size(device):
     if device == "cuda" and not cuda_usable(BUILD_INFO):
         pytest.skip("needs a CUDA GPU and a CUDA build")
     huge = torch.zeros(1, device=device).expand(2**50)  # 4 PiB once materialized
-    with pytest.raises(RuntimeError, match=rf"^{OP}: could not allocate an output, a float32 tensor of "
-                       r"shape \[1125899906842624\] \(4503599627370496 bytes\) on (cpu|cuda:\d+) "
-                       r"\(out of memory\?\)$"):
+    with pytest.raises(
+        RuntimeError,
+        match=rf"^{OP}: could not allocate an output, a float32 tensor of "
+        r"shape \[1125899906842624\] \(4503599627370496 bytes\) on (cpu|cuda:\d+) "
+        r"\(out of memory\?\)$",
+    ):
         round_op.round_ste(huge)
 
 
@@ -181,6 +192,39 @@ def test_backward_passes_gradient_through_unchanged():
     assert torch.equal(x.grad, g)
 
 
+def test_fast_path_uses_private_api_with_public_fallback():
+    from round_op import _runtime, ops
+
+    # In this process: the fast route (torch's private API, present here).
+    assert _runtime.using_private_api()
+    assert ops._round_ste_raw is not ops._round_ste
+    # A torch without those names: the public fallbacks, same results.
+    run_with_public_api_only(
+        """
+import torch
+import torch.autograd.forward_ad as fwAD
+import round_op
+from round_op import _runtime, ops
+assert not _runtime.using_private_api()
+assert ops._round_ste_raw is ops._round_ste
+assert ops._apply == ops._RoundSTEFunction.apply
+x = torch.tensor([0.5, 1.5, -0.5, 2.49, -2.5])
+want = torch.floor(x + 0.5)
+assert torch.equal(round_op.round_ste(x), want)
+xg = x.clone().requires_grad_()
+y = round_op.round_ste(xg)
+assert torch.equal(y, want)
+y.backward(torch.arange(5.0))
+assert torch.equal(xg.grad, torch.arange(5.0))
+with fwAD.dual_level():
+    out = fwAD.unpack_dual(round_op.round_ste(fwAD.make_dual(x, torch.ones(5))))
+assert torch.equal(out.primal, want) and torch.equal(out.tangent, torch.ones(5))
+g = torch.func.grad(lambda t: round_op.round_ste(t).sum())(x)
+assert torch.equal(g, torch.ones(5))
+"""
+    )
+
+
 def test_module_wrapper():
     m = round_op.RoundSTE()
     x = torch.rand(4, 4)
@@ -203,8 +247,13 @@ def test_more_than_2_31_elements_on_gpu():
         pytest.skip("not enough GPU memory")
     x = torch.empty(n, dtype=torch.bfloat16, device="cuda").uniform_(-4, 4)
     out = round_op.round_ste(x)
-    picks = torch.cat([torch.arange(1000, device="cuda"), torch.arange(n - 1000, n, device="cuda"),
-                       torch.randint(0, n, (100_000,), device="cuda")])
+    picks = torch.cat(
+        [
+            torch.arange(1000, device="cuda"),
+            torch.arange(n - 1000, n, device="cuda"),
+            torch.randint(0, n, (100_000,), device="cuda"),
+        ]
+    )
     torch.testing.assert_close(out[picks], reference_round_half_up(x[picks]), rtol=0, atol=0)
     del x, out
     torch.cuda.empty_cache()

@@ -9,7 +9,11 @@ CUDA events, median); with --huge (the default when the GPU has the memory)
 also 2^31 + 2^20 bfloat16 elements, past 32-bit indexing. Then the wall time
 of one synchronized call at 2^12 elements, vecadd_op against torch.add, with
 and without out=. Prints a table and the targets; with --out also writes
-add.md/.json/.png there.
+add.md/.json/.png there. Then the per-call host cost of small calls
+(float32, 2^12 and 2^20 elements, against torch.add, inputs with and
+without requires_grad): host enqueue time per call back to back, and the
+wall time of one synchronized call, interleaved (add_per_call.md);
+--per-call-only runs that part alone.
 
 Bytes moved by an add of n elements: read a and b, write the result, 3n
 elements. The copy row copies 1.5n elements (read + write = the same 3n), so
@@ -21,9 +25,8 @@ from __future__ import annotations
 import argparse
 
 import torch
-
 import vecadd_op
-from opscommon.bench import Row, device_time_us, format_table, wall_time_us, write_results
+from opscommon.bench import Row, device_time_us, format_table, per_call_rows, wall_time_us, write_results
 
 BASELINE = "torch.add"
 ROOFLINE = "copy (roofline)"
@@ -53,9 +56,19 @@ def measure_size(rows: list, device: str, dtype: torch.dtype, n: int, label: str
         BASELINE: (lambda: torch.add(a, b), 3 * n * es),
     }
     for name, (fn, nbytes) in variants.items():
-        rows.append(Row(op="add", variant=name, mode="forward", dtype=str(dtype).replace("torch.", ""),
-                        size=label, numel=n, bytes_moved=nbytes, median_us=device_time_us(fn)))
-    del a, b, src, dst
+        rows.append(
+            Row(
+                op="add",
+                variant=name,
+                mode="forward",
+                dtype=str(dtype).replace("torch.", ""),
+                size=label,
+                numel=n,
+                bytes_moved=nbytes,
+                median_us=device_time_us(fn),
+            )
+        )
+    a = b = src = dst = None
     if device == "cuda":
         torch.cuda.empty_cache()
 
@@ -77,8 +90,17 @@ def measure_wall(rows: list, device: str, dtype: torch.dtype, k: int) -> None:
         for name, fn in variants.items():
             best[name] = min(best[name], wall_time_us(fn, warmup=20, repeat=300))
     for name, us in best.items():
-        rows.append(Row(op="add", variant=name, mode="wall per call", dtype=str(dtype).replace("torch.", ""),
-                        size=f"2^{k}", numel=n, median_us=us))
+        rows.append(
+            Row(
+                op="add",
+                variant=name,
+                mode="wall per call",
+                dtype=str(dtype).replace("torch.", ""),
+                size=f"2^{k}",
+                numel=n,
+                median_us=us,
+            )
+        )
 
 
 def report_targets(rows: list, wall_log2: int) -> None:
@@ -86,21 +108,24 @@ def report_targets(rows: list, wall_log2: int) -> None:
         return {(r.dtype, r.size, r.numel): r for r in rows if r.variant == variant and r.mode == mode}
 
     ours, base = by("vecadd_op", "forward"), by(BASELINE, "forward")
-    big = [(key, base[key].median_us / ours[key].median_us) for key in ours
-           if key in base and key[2] >= 1 << 24]
+    big = [(key, base[key].median_us / ours[key].median_us) for key in ours if key in base and key[2] >= 1 << 24]
     if big:
         worst_key, worst = min(big, key=lambda kv: kv[1])
         verdict = "PASS" if worst >= 0.95 else "FAIL"
-        print(f"target throughput vs torch.add at >= 2^24 elements: >= 0.95; worst {worst:.3f} "
-              f"({worst_key[0]}, {worst_key[1]}) {verdict}")
+        print(
+            f"target throughput vs torch.add at >= 2^24 elements: >= 0.95; worst {worst:.3f} "
+            f"({worst_key[0]}, {worst_key[1]}) {verdict}"
+        )
     wall_ours, wall_base = by("vecadd_op", "wall per call"), by(BASELINE, "wall per call")
     for key in wall_ours:
         if key in wall_base:
             ratio = wall_ours[key].median_us / wall_base[key].median_us
             verdict = "PASS" if ratio <= 1.5 else "FAIL"
-            print(f"target wall per call at 2^{wall_log2} ({key[0]}): <= 1.5x torch.add; "
-                  f"{wall_ours[key].median_us:.1f} us vs {wall_base[key].median_us:.1f} us = "
-                  f"{ratio:.2f}x {verdict}")
+            print(
+                f"target wall per call at 2^{wall_log2} ({key[0]}): <= 1.5x torch.add; "
+                f"{wall_ours[key].median_us:.1f} us vs {wall_base[key].median_us:.1f} us = "
+                f"{ratio:.2f}x {verdict}"
+            )
 
 
 def main() -> None:
@@ -109,11 +134,19 @@ def main() -> None:
     parser.add_argument("--max-log2", type=int, default=28)
     parser.add_argument("--step", type=int, default=2)
     parser.add_argument("--wall-log2", type=int, default=12, help="size of the wall-time-per-call rows")
-    parser.add_argument("--huge", action=argparse.BooleanOptionalAction, default=None,
-                        help=f"also {HUGE_N} bfloat16 elements (default: on when the GPU has the memory)")
+    parser.add_argument(
+        "--huge",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help=f"also {HUGE_N} bfloat16 elements (default: on when the GPU has the memory)",
+    )
     parser.add_argument("--out", default=None, help="write add.md/.json/.png into this folder")
+    parser.add_argument("--per-call-only", action="store_true")
     args = parser.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.per_call_only:
+        per_call(device, args.out)
+        return
     if device == "cpu":
         args.max_log2 = min(args.max_log2, 24)
     huge = huge_fits(device) if args.huge is None else args.huge
@@ -138,6 +171,36 @@ def main() -> None:
     if args.out:
         write_results(rows, args.out, "add", baseline=BASELINE, plot_roofline=ROOFLINE)
         print(f"wrote {args.out}/add.md, add.json (and add.png with matplotlib)")
+    per_call(device, args.out)
+
+
+def per_call(device: str, out: str | None) -> None:
+    """Per-call host cost, vecadd_op.add against torch.add; target <= 1.25x."""
+    rows = []
+    for k in (12, 20):
+        a = torch.rand(1 << k, device=device)
+        b = torch.rand(1 << k, device=device)
+        ag, bg = a.clone().requires_grad_(True), b.clone().requires_grad_(True)
+        for label, (x, y) in (("", (a, b)), (", requires_grad", (ag, bg))):
+            rows += per_call_rows(
+                "add",
+                {"vecadd_op": lambda x=x, y=y: vecadd_op.add(x, y), BASELINE: lambda x=x, y=y: torch.add(x, y)},
+                "float32",
+                f"2^{k}",
+                1 << k,
+                label,
+            )
+    print(format_table(rows, baseline=BASELINE))
+    for r in rows:
+        if r.variant == "vecadd_op":
+            base = next(q for q in rows if q.variant == BASELINE and q.mode == r.mode and q.size == r.size)
+            ratio = r.median_us / base.median_us
+            print(
+                f"target {r.mode} {r.size}: <= 1.25x torch.add; {r.median_us:.1f} vs "
+                f"{base.median_us:.1f} us = {ratio:.2f}x {'PASS' if ratio <= 1.25 else 'FAIL'}"
+            )
+    if out:
+        write_results(rows, out, "add_per_call", baseline=BASELINE)
 
 
 if __name__ == "__main__":

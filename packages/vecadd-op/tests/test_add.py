@@ -8,9 +8,16 @@ import re
 import pytest
 import torch
 import torch.autograd.forward_ad as fwAD
-
 import vecadd_op
-from opscommon.testing import DEVICES, LAYOUTS, BadInput, OpContract, cuda_usable, with_layout
+from opscommon.testing import (
+    DEVICES,
+    LAYOUTS,
+    BadInput,
+    OpContract,
+    cuda_usable,
+    run_with_public_api_only,
+    with_layout,
+)
 from vecadd_op._runtime import BUILD_INFO
 
 OP = "vecadd_op.add"
@@ -40,8 +47,7 @@ class TestAddContract(OpContract):
     dtypes = vecadd_op.DTYPES  # float16, bfloat16, float32, float64, int32, int64
     # (), empty, odd sizes around the 16-byte vector width, and sizes above
     # the CPU threading grain (32768).
-    cases = [(), (0,), (1,), (7,), (17,), (1000,), (3, 5, 7), (2, 0, 3), (33, 65), (4097,),
-             (257, 513), (100_003,)]
+    cases = [(), (0,), (1,), (7,), (17,), (1000,), (3, 5, 7), (2, 0, 3), (33, 65), (4097,), (257, 513), (100_003,)]
     grad_cases = [(5,), (3, 4)]
     grad_inputs = (0, 1)
 
@@ -69,60 +75,131 @@ class TestAddContract(OpContract):
         a, b = torch.ones(2, 3, **f32), torch.ones(2, 3, **f32)
         out = torch.empty(2, 3, **f32)
         cases = [
-            BadInput("shape mismatch", lambda: vecadd_op.add(a, torch.ones(3, **f32)),
-                     message(f"{OP}: arguments 'a' and 'b' must have the same shape, got [2, 3] and [3]")),
-            BadInput("no broadcasting of 0-dim", lambda: vecadd_op.add(torch.ones((), **f32), b),
-                     message(f"{OP}: arguments 'a' and 'b' must have the same shape, got [] and [2, 3]")),
-            BadInput("dtype mismatch", lambda: vecadd_op.add(a, b.double()),
-                     message(f"{OP}: arguments 'a' and 'b' must have the same dtype, got float32 and float64")),
-            BadInput("int32 + int64", lambda: vecadd_op.add(a.int(), b.long()),
-                     message(f"{OP}: arguments 'a' and 'b' must have the same dtype, got int32 and int64")),
-            BadInput("bool", lambda: vecadd_op.add(a.bool(), b.bool()),
-                     message(f"{OP}: argument 'a' has dtype bool; supported dtypes are float16, "
-                             "bfloat16, float32, float64, int32, int64")),
-            BadInput("uint8", lambda: vecadd_op.add(a.to(torch.uint8), b.to(torch.uint8)),
-                     message(f"{OP}: argument 'a' has dtype uint8; supported")),
-            BadInput("a None", lambda: vecadd_op.add(None, b),
-                     message(f"{OP}: argument 'a' must be a tensor, got NoneType"), TypeError),
-            BadInput("b a float", lambda: vecadd_op.add(a, 1.0),
-                     message(f"{OP}: argument 'b' must be a tensor, got float"), TypeError),
-            BadInput("out a list", lambda: vecadd_op.add(a, b, out=[1]),
-                     message(f"{OP}: argument 'out' must be a tensor, got list"), TypeError),
-            BadInput("out wrong shape", lambda: vecadd_op.add(a, b, out=torch.empty(6, **f32)),
-                     message(f"{OP}: argument 'out' must have the shape of 'a' and 'b' ([2, 3]), "
-                             "got [6] (out= is never resized)")),
-            BadInput("out empty", lambda: vecadd_op.add(a, b, out=torch.empty(0, **f32)),
-                     message(f"{OP}: argument 'out' must have the shape of 'a' and 'b' ([2, 3]), got [0]")),
-            BadInput("out wrong dtype", lambda: vecadd_op.add(a, b, out=out.half()),
-                     message(f"{OP}: argument 'out' must have the dtype of 'a' and 'b' (float32), got float16")),
-            BadInput("out expanded", lambda: vecadd_op.add(a, b, out=torch.empty(1, 3, **f32).expand(2, 3)),
-                     message(f"{OP}: argument 'out' has elements that share memory (dimension 0 has stride 0")),
-            BadInput("out requires grad", lambda: vecadd_op.add(a, b, out=torch.empty(2, 3, requires_grad=True, **f32)),
-                     message(f"{OP}: argument 'out' requires grad, but out= does not support automatic differentiation")),
-            BadInput("a requires grad with out=", lambda: vecadd_op.add(a.clone().requires_grad_(), b, out=out),
-                     message(f"{OP}: argument 'a' requires grad, but out= does not support")),
+            BadInput(
+                "shape mismatch",
+                lambda: vecadd_op.add(a, torch.ones(3, **f32)),
+                message(f"{OP}: arguments 'a' and 'b' must have the same shape, got [2, 3] and [3]"),
+            ),
+            BadInput(
+                "no broadcasting of 0-dim",
+                lambda: vecadd_op.add(torch.ones((), **f32), b),
+                message(f"{OP}: arguments 'a' and 'b' must have the same shape, got [] and [2, 3]"),
+            ),
+            BadInput(
+                "dtype mismatch",
+                lambda: vecadd_op.add(a, b.double()),
+                message(f"{OP}: arguments 'a' and 'b' must have the same dtype, got float32 and float64"),
+            ),
+            BadInput(
+                "int32 + int64",
+                lambda: vecadd_op.add(a.int(), b.long()),
+                message(f"{OP}: arguments 'a' and 'b' must have the same dtype, got int32 and int64"),
+            ),
+            BadInput(
+                "bool",
+                lambda: vecadd_op.add(a.bool(), b.bool()),
+                message(
+                    f"{OP}: argument 'a' has dtype bool; supported dtypes are float16, "
+                    "bfloat16, float32, float64, int32, int64"
+                ),
+            ),
+            BadInput(
+                "uint8",
+                lambda: vecadd_op.add(a.to(torch.uint8), b.to(torch.uint8)),
+                message(f"{OP}: argument 'a' has dtype uint8; supported"),
+            ),
+            BadInput(
+                "a None",
+                lambda: vecadd_op.add(None, b),
+                message(f"{OP}: argument 'a' must be a tensor, got NoneType"),
+                TypeError,
+            ),
+            BadInput(
+                "b a float",
+                lambda: vecadd_op.add(a, 1.0),
+                message(f"{OP}: argument 'b' must be a tensor, got float"),
+                TypeError,
+            ),
+            BadInput(
+                "out a list",
+                lambda: vecadd_op.add(a, b, out=[1]),
+                message(f"{OP}: argument 'out' must be a tensor, got list"),
+                TypeError,
+            ),
+            BadInput(
+                "out wrong shape",
+                lambda: vecadd_op.add(a, b, out=torch.empty(6, **f32)),
+                message(
+                    f"{OP}: argument 'out' must have the shape of 'a' and 'b' ([2, 3]), got [6] (out= is never resized)"
+                ),
+            ),
+            BadInput(
+                "out empty",
+                lambda: vecadd_op.add(a, b, out=torch.empty(0, **f32)),
+                message(f"{OP}: argument 'out' must have the shape of 'a' and 'b' ([2, 3]), got [0]"),
+            ),
+            BadInput(
+                "out wrong dtype",
+                lambda: vecadd_op.add(a, b, out=out.half()),
+                message(f"{OP}: argument 'out' must have the dtype of 'a' and 'b' (float32), got float16"),
+            ),
+            BadInput(
+                "out expanded",
+                lambda: vecadd_op.add(a, b, out=torch.empty(1, 3, **f32).expand(2, 3)),
+                message(f"{OP}: argument 'out' has elements that share memory (dimension 0 has stride 0"),
+            ),
+            BadInput(
+                "out requires grad",
+                lambda: vecadd_op.add(a, b, out=torch.empty(2, 3, requires_grad=True, **f32)),
+                message(f"{OP}: argument 'out' requires grad, but out= does not support automatic differentiation"),
+            ),
+            BadInput(
+                "a requires grad with out=",
+                lambda: vecadd_op.add(a.clone().requires_grad_(), b, out=out),
+                message(f"{OP}: argument 'a' requires grad, but out= does not support"),
+            ),
             # The registered ops check the same things themselves.
-            BadInput("torch.ops shape", lambda: torch.ops.vecadd_op.add(a, torch.ones(3, 2, **f32)),
-                     message(f"{OP}: arguments 'a' and 'b' must have the same shape, got [2, 3] and [3, 2]")),
-            BadInput("torch.ops dtype", lambda: torch.ops.vecadd_op.add.default(a.bool(), b),
-                     message(f"{OP}: argument 'a' has dtype bool")),
-            BadInput("torch.ops out shape", lambda: torch.ops.vecadd_op.add.out(a, b, out=torch.empty(3, 2, **f32)),
-                     message(f"{OP}: argument 'out' must have the shape of 'a' and 'b' ([2, 3]), got [3, 2]")),
-            BadInput("torch.ops out requires grad",
-                     lambda: torch.ops.vecadd_op.add.out(a, b, out=torch.zeros(2, 3, requires_grad=True, **f32)),
-                     message(f"{OP}: argument 'out' requires grad")),
+            BadInput(
+                "torch.ops shape",
+                lambda: torch.ops.vecadd_op.add(a, torch.ones(3, 2, **f32)),
+                message(f"{OP}: arguments 'a' and 'b' must have the same shape, got [2, 3] and [3, 2]"),
+            ),
+            BadInput(
+                "torch.ops dtype",
+                lambda: torch.ops.vecadd_op.add.default(a.bool(), b),
+                message(f"{OP}: argument 'a' has dtype bool"),
+            ),
+            BadInput(
+                "torch.ops out shape",
+                lambda: torch.ops.vecadd_op.add.out(a, b, out=torch.empty(3, 2, **f32)),
+                message(f"{OP}: argument 'out' must have the shape of 'a' and 'b' ([2, 3]), got [3, 2]"),
+            ),
+            BadInput(
+                "torch.ops out requires grad",
+                lambda: torch.ops.vecadd_op.add.out(a, b, out=torch.zeros(2, 3, requires_grad=True, **f32)),
+                message(f"{OP}: argument 'out' requires grad"),
+            ),
         ]
         if device == "cuda":
             cases += [
-                BadInput("a cpu, b cuda", lambda: vecadd_op.add(a.cpu(), b),
-                         message(f"{OP}: arguments 'a' and 'b' must be on the same device, got cpu and cuda:0")),
-                BadInput("out on cpu", lambda: vecadd_op.add(a, b, out=out.cpu()),
-                         message(f"{OP}: argument 'out' must be on the device of 'a' and 'b' (cuda:0), got cpu")),
+                BadInput(
+                    "a cpu, b cuda",
+                    lambda: vecadd_op.add(a.cpu(), b),
+                    message(f"{OP}: arguments 'a' and 'b' must be on the same device, got cpu and cuda:0"),
+                ),
+                BadInput(
+                    "out on cpu",
+                    lambda: vecadd_op.add(a, b, out=out.cpu()),
+                    message(f"{OP}: argument 'out' must be on the device of 'a' and 'b' (cuda:0), got cpu"),
+                ),
             ]
         elif cuda_usable(BUILD_INFO):
             cases += [
-                BadInput("out on cuda", lambda: vecadd_op.add(a, b, out=out.cuda()),
-                         message(f"{OP}: argument 'out' must be on the device of 'a' and 'b' (cpu), got cuda:0")),
+                BadInput(
+                    "out on cuda",
+                    lambda: vecadd_op.add(a, b, out=out.cuda()),
+                    message(f"{OP}: argument 'out' must be on the device of 'a' and 'b' (cpu), got cuda:0"),
+                ),
             ]
         return cases
 
@@ -213,8 +290,11 @@ def test_out_inference_tensor_refused_outside_inference_mode(device):
         o.fill_(7.0)  # (torch.add raises after writing)
     for add in (vecadd_op.add, torch.ops.vecadd_op.add.out, torch.ops.vecadd_op.add):
         for x, y in ((a, b), (ai, bi), (a, bi)):
-            with pytest.raises(RuntimeError, match=f"^{OP}: argument 'out' is an inference tensor: Inplace "
-                               "update to inference tensor outside InferenceMode is not allowed"):
+            with pytest.raises(
+                RuntimeError,
+                match=f"^{OP}: argument 'out' is an inference tensor: Inplace "
+                "update to inference tensor outside InferenceMode is not allowed",
+            ):
                 add(x, y, out=o)
             assert torch.equal(o, torch.full((4, 5), 7.0, device=device))
     with torch.inference_mode():  # inside inference mode: allowed, as for torch.add
@@ -232,8 +312,11 @@ def test_out_refuses_forward_ad_and_vmap(device):
         out = torch.zeros(3, device=device, dtype=torch.float64)
         with fwAD.dual_level():
             for args in ((fwAD.make_dual(a, t), b), (a, fwAD.make_dual(b, t))):
-                with pytest.raises(RuntimeError, match=f"^{OP}: argument '[ab]' has a forward-mode AD tangent, "
-                                   "but out= does not support forward-mode automatic differentiation"):
+                with pytest.raises(
+                    RuntimeError,
+                    match=f"^{OP}: argument '[ab]' has a forward-mode AD tangent, "
+                    "but out= does not support forward-mode automatic differentiation",
+                ):
                     add(*args, out=out)
         assert torch.equal(out, torch.zeros_like(out))
         with pytest.raises(RuntimeError, match=f"^{OP}: argument 'a' has a forward-mode AD tangent"):
@@ -250,9 +333,14 @@ def test_out_refuses_forward_ad_and_vmap(device):
 def test_allocation_failure_names_the_op_and_size(device):
     device = needs_device(device)
     huge = torch.zeros(1, device=device).expand(2**50)  # 4 PiB once materialized
-    with pytest.raises(RuntimeError, match=f"^{OP}: could not allocate an output, a float32 tensor of shape "
-                       + message("[1125899906842624] (4503599627370496 bytes) on ") + r"(cpu|cuda:\d+) "
-                       + message("(out of memory?)") + "$"):
+    with pytest.raises(
+        RuntimeError,
+        match=f"^{OP}: could not allocate an output, a float32 tensor of shape "
+        + message("[1125899906842624] (4503599627370496 bytes) on ")
+        + r"(cpu|cuda:\d+) "
+        + message("(out of memory?)")
+        + "$",
+    ):
         vecadd_op.add(huge, huge)
 
 
@@ -379,10 +467,11 @@ def test_opcheck_out(device):
     for dtype in (torch.float32, torch.float64, torch.int32):
         for shape in [(5,), (3, 4), ()]:
             a, b = rand(shape, dtype, device), rand(shape, dtype, device)
-            for out in (torch.empty(shape, dtype=dtype, device=device),
-                        with_layout(torch.empty(shape, dtype=dtype, device=device), "transposed")):
-                torch.library.opcheck(torch.ops.vecadd_op.add.out, (a, b), {"out": out},
-                                      test_utils=utils)
+            for out in (
+                torch.empty(shape, dtype=dtype, device=device),
+                with_layout(torch.empty(shape, dtype=dtype, device=device), "transposed"),
+            ):
+                torch.library.opcheck(torch.ops.vecadd_op.add.out, (a, b), {"out": out}, test_utils=utils)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -411,15 +500,18 @@ def test_compile_raises_the_eager_errors(device):
     torch._dynamo.reset()
     add = torch.compile(vecadd_op.add, fullgraph=True, dynamic=False)
     a = torch.rand(2, 3, device=device)
-    with pytest.raises(RuntimeError, match=message(
-            f"{OP}: arguments 'a' and 'b' must have the same shape, got [2, 3] and [3]")):
+    with pytest.raises(
+        RuntimeError, match=message(f"{OP}: arguments 'a' and 'b' must have the same shape, got [2, 3] and [3]")
+    ):
         add(a, torch.rand(3, device=device))
-    with pytest.raises(RuntimeError, match=message(
-            f"{OP}: arguments 'a' and 'b' must have the same dtype, got float32 and float64")):
+    with pytest.raises(
+        RuntimeError, match=message(f"{OP}: arguments 'a' and 'b' must have the same dtype, got float32 and float64")
+    ):
         add(a, a.double())
     out = torch.full((3, 2), 5.0, device=device)
-    with pytest.raises(RuntimeError, match=message(
-            f"{OP}: argument 'out' must have the shape of 'a' and 'b' ([2, 3]), got [3, 2]")):
+    with pytest.raises(
+        RuntimeError, match=message(f"{OP}: argument 'out' must have the shape of 'a' and 'b' ([2, 3]), got [3, 2]")
+    ):
         add(a, a, out=out)
     assert torch.equal(out, torch.full((3, 2), 5.0, device=device))
     with pytest.raises(RuntimeError, match=f"{OP}: argument 'a' requires grad"):
@@ -492,8 +584,9 @@ def test_cuda_other_device():
         pytest.skip("needs 2 GPUs")
     a = torch.rand(1000, device="cuda:1")
     torch.testing.assert_close(vecadd_op.add(a, a), a + a, rtol=0, atol=0)
-    with pytest.raises(RuntimeError, match=message(
-            f"{OP}: arguments 'a' and 'b' must be on the same device, got cuda:1 and cuda:0")):
+    with pytest.raises(
+        RuntimeError, match=message(f"{OP}: arguments 'a' and 'b' must be on the same device, got cuda:1 and cuda:0")
+    ):
         vecadd_op.add(a, a.to("cuda:0"))
 
 
@@ -522,3 +615,36 @@ def test_cuda_more_than_2_to_the_31_elements():
     vecadd_op.add(a, b, out=a)
     assert torch.equal(a[marks].float().cpu(), torch.arange(3, 9, dtype=torch.float32))
     assert float(a[(1 << 31) + 5]) == 1.0
+
+
+def test_fast_path_uses_private_api_with_public_fallback():
+    from vecadd_op import _runtime, ops
+
+    # In this process: the fast route (torch's private API, present here).
+    assert _runtime.using_private_api()
+    assert ops._add_raw is not ops._add
+    # A torch without those names: the public fallbacks, same results.
+    run_with_public_api_only(
+        """
+import torch
+import torch.autograd.forward_ad as fwAD
+import vecadd_op
+from vecadd_op import _runtime, ops
+assert not _runtime.using_private_api()
+assert ops._add_raw is ops._add and ops._add_out_raw is ops._add_out
+assert ops._apply == ops._AddFunction.apply
+a, b = torch.rand(7), torch.rand(7)
+assert torch.equal(vecadd_op.add(a, b), a + b)
+out = torch.empty(7)
+v = out._version
+assert vecadd_op.add(a, b, out=out) is out and torch.equal(out, a + b) and out._version > v
+ag, bg = a.clone().requires_grad_(), b.clone().requires_grad_()
+vecadd_op.add(ag, bg).backward(torch.arange(7.0))
+assert torch.equal(ag.grad, torch.arange(7.0)) and torch.equal(bg.grad, torch.arange(7.0))
+with fwAD.dual_level():
+    res = fwAD.unpack_dual(vecadd_op.add(fwAD.make_dual(a, torch.ones(7)), b))
+assert torch.equal(res.primal, a + b) and torch.equal(res.tangent, torch.ones(7))
+g = torch.func.grad(lambda t: vecadd_op.add(t, b).sum())(a)
+assert torch.equal(g, torch.ones(7))
+"""
+    )

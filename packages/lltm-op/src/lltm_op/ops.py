@@ -43,9 +43,7 @@ OP_CELL_BACKWARD = "lltm_op.cell_backward"
 OP_CELL_BACKWARD_NEW = "lltm_op.cell_backward_from_new_cell"
 
 _runtime.load_library(os.path.dirname(os.path.abspath(__file__)))
-_runtime.register_missing_cuda(
-    "lltm_op", ["cell_forward", "cell_backward", "cell_backward_from_new_cell"]
-)
+_runtime.register_missing_cuda("lltm_op", ["cell_forward", "cell_backward", "cell_backward_from_new_cell"])
 
 _cell_forward = torch.ops.lltm_op.cell_forward.default
 _cell_backward = torch.ops.lltm_op.cell_backward.default
@@ -62,14 +60,11 @@ def _check_same_device(op: str, arg_a: str, a: Tensor, arg_b: str, b: Tensor) ->
     # Same message as the C++ check (opscommon/checks.h): "cpu", "cuda:0".
     if a.device != b.device:
         raise RuntimeError(
-            f"{op}: arguments '{arg_a}' and '{arg_b}' must be on the same device, got "
-            f"{a.device} and {b.device}"
+            f"{op}: arguments '{arg_a}' and '{arg_b}' must be on the same device, got {a.device} and {b.device}"
         )
 
 
-def _check_cell(
-    op: str, gates: Tensor, bias: Tensor, old_cell: Tensor, cell_arg: str = "old_cell"
-) -> tuple[int, int]:
+def _check_cell(op: str, gates: Tensor, bias: Tensor, old_cell: Tensor, cell_arg: str = "old_cell") -> tuple[int, int]:
     # Same checks, order and messages as check_cell_args in csrc/lltm.h.
     _runtime.check_dtype(op, "gates", gates, _FLOATING)
     _runtime.check_dtype(op, "bias", bias, _FLOATING)
@@ -78,8 +73,7 @@ def _check_cell(
     batch, state = old_cell.shape
     if isinstance(state, int) and 3 * state > _INT64_MAX:
         raise RuntimeError(
-            f"{op}: argument '{cell_arg}' has {state} columns (the state size); 3 times that "
-            f"overflows int64"
+            f"{op}: argument '{cell_arg}' has {state} columns (the state size); 3 times that overflows int64"
         )
     _runtime.check_shape(op, "gates", gates, (batch, 3 * state))
     _runtime.check_shape(op, "bias", bias, (3 * state,))
@@ -155,7 +149,11 @@ def _activations(gates: Tensor, bias: Tensor):
 
 
 def _cell_backward_torch(
-    grad_h: Tensor | None, grad_cell: Tensor | None, gates: Tensor, bias: Tensor, cell: Tensor,
+    grad_h: Tensor | None,
+    grad_cell: Tensor | None,
+    gates: Tensor,
+    bias: Tensor,
+    cell: Tensor,
     from_new_cell: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """cell_backward (cell = old_cell) or cell_backward_from_new_cell
@@ -179,8 +177,12 @@ def _cell_backward_torch(
 
 
 def _cell_jvp_torch(
-    gates: Tensor, bias: Tensor, new_cell: Tensor,
-    t_gates: Tensor | None, t_bias: Tensor | None, t_old_cell: Tensor | None,
+    gates: Tensor,
+    bias: Tensor,
+    new_cell: Tensor,
+    t_gates: Tensor | None,
+    t_bias: Tensor | None,
+    t_old_cell: Tensor | None,
 ) -> tuple[Tensor, Tensor]:
     """Tangents of (new_h, new_cell) from those of (gates, bias, old_cell)."""
     dtype, acc = gates.dtype, _acc_dtype(gates.dtype)
@@ -210,7 +212,7 @@ def _cell_jvp_torch(
 
 # -- autograd of the cell ops ----------------------------------------------------------
 
-_below_autograd = torch._C._AutoDispatchBelowAutograd
+_below_autograd = _runtime.below_autograd
 _grad_enabled = torch.is_grad_enabled
 _functorch_active = _runtime.functorch_active
 _is_compiling = torch.compiler.is_compiling
@@ -255,14 +257,10 @@ class _CellFunction(torch.autograd.Function):
             return None, None, None
         gates, bias, new_cell = ctx.saved_tensors
         if _derivative_of_backward_needed():
-            d_gates, d_bias, d_old_cell = _cell_backward_torch(
-                grad_h, grad_cell, gates, bias, new_cell, True
-            )
+            d_gates, d_bias, d_old_cell = _cell_backward_torch(grad_h, grad_cell, gates, bias, new_cell, True)
         else:
             with _below_autograd():
-                d_gates, d_bias, d_old_cell = _cell_backward_new(
-                    grad_h, grad_cell, gates, bias, new_cell
-                )
+                d_gates, d_bias, d_old_cell = _cell_backward_new(grad_h, grad_cell, gates, bias, new_cell)
         needs = ctx.needs_input_grad
         return (
             d_gates if needs[0] else None,
@@ -277,6 +275,7 @@ class _CellFunction(torch.autograd.Function):
 
 
 _runtime.register_autograd("lltm_op::cell_forward", _CellFunction)
+_cell_apply = _runtime.function_apply(_CellFunction)
 # The backward ops are differentiable too: their derivative is that of the
 # same math in torch ops (double backward through a direct call of them).
 _runtime.register_composite_autograd(
@@ -307,9 +306,7 @@ def _cell_forward_vmap(info, in_dims, gates, bias, old_cell):
     g, c = _to_front(info, gates, in_dims[0]), _to_front(info, old_cell, in_dims[2])
     if in_dims[1] is None:
         batch, state = c.shape[1], c.shape[2]
-        new_h, new_c = _cell_forward(
-            g.reshape(n * batch, 3 * state), bias, c.reshape(n * batch, state)
-        )
+        new_h, new_c = _cell_forward(g.reshape(n * batch, 3 * state), bias, c.reshape(n * batch, state))
         return (new_h.view(n, batch, state), new_c.view(n, batch, state)), (0, 0)
     b = _to_front(info, bias, in_dims[1]).unsqueeze(1)
     dtype, acc = gates.dtype, _acc_dtype(gates.dtype)
@@ -329,9 +326,7 @@ def _backward_vmap(op, from_new_cell: bool):
             def rows(t, width):
                 return None if t is None else t.reshape(n * batch, width)
 
-            d_gates, _, d_old_c = op(
-                rows(gh, state), rows(gc, state), rows(g, 3 * state), bias, rows(c, state)
-            )
+            d_gates, _, d_old_c = op(rows(gh, state), rows(gc, state), rows(g, 3 * state), bias, rows(c, state))
             d_gates = d_gates.view(n, batch, 3 * state)
             d_bias = d_gates.to(_acc_dtype(d_gates.dtype)).sum(dim=1).to(d_gates.dtype)
             return (d_gates, d_bias, d_old_c.view(n, batch, state)), (0, 0, 0)
@@ -345,9 +340,7 @@ def _backward_vmap(op, from_new_cell: bool):
 
 torch.library.register_vmap("lltm_op::cell_forward", _cell_forward_vmap)
 torch.library.register_vmap("lltm_op::cell_backward", _backward_vmap(_cell_backward, False))
-torch.library.register_vmap(
-    "lltm_op::cell_backward_from_new_cell", _backward_vmap(_cell_backward_new, True)
-)
+torch.library.register_vmap("lltm_op::cell_backward_from_new_cell", _backward_vmap(_cell_backward_new, True))
 
 
 def _cell(gates: Tensor, bias: Tensor, old_cell: Tensor) -> tuple[Tensor, Tensor]:
@@ -361,7 +354,7 @@ def _cell(gates: Tensor, bias: Tensor, old_cell: Tensor) -> tuple[Tensor, Tensor
     ) or _fwad._current_level >= 0:
         # Straight to the Function: the op's Python autograd kernel would
         # only add a dispatcher round trip.
-        return _CellFunction.apply(gates, bias, old_cell)
+        return _cell_apply(gates, bias, old_cell)
     return _cell_forward_below_autograd(gates, bias, old_cell)
 
 
@@ -477,9 +470,7 @@ def _check_size(name: str, value, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"LLTM: {name} must be an integer, got {type(value).__name__}")
     if value < minimum:
-        raise ValueError(
-            f"LLTM: {name} must be {'positive' if minimum else 'non-negative'}, got {value}"
-        )
+        raise ValueError(f"LLTM: {name} must be {'positive' if minimum else 'non-negative'}, got {value}")
     return int(value)
 
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
 
 import torch
 
@@ -38,8 +38,7 @@ class Row:
         return self.bytes_moved / (self.median_us * 1e-6) / 1e9 if self.bytes_moved else float("nan")
 
 
-def device_time_us(fn: Callable[[], object], warmup: int = 5, repeat: int = 30,
-                   inner: int | None = None) -> float:
+def device_time_us(fn: Callable[[], object], warmup: int = 5, repeat: int = 30, inner: int | None = None) -> float:
     """Median device time per call, in microseconds (CUDA events), or the
     median wall time on the CPU.
 
@@ -72,9 +71,9 @@ def device_time_us(fn: Callable[[], object], warmup: int = 5, repeat: int = 30,
     return statistics.median(sample(inner) for _ in range(repeat))
 
 
-def wall_time_us(fn: Callable[[], object], warmup: int = 10, repeat: int = 200,
-                 sync: bool = True) -> float:
+def wall_time_us(fn: Callable[[], object], warmup: int = 10, repeat: int = 200, sync: bool = True) -> float:
     """Median wall time of one synchronized call, in microseconds."""
+
     def synchronize() -> None:
         if sync and torch.cuda.is_available():
             torch.cuda.synchronize()
@@ -91,15 +90,16 @@ def wall_time_us(fn: Callable[[], object], warmup: int = 10, repeat: int = 200,
     return statistics.median(times)
 
 
-
-def interleaved_wall_times_us(fns: Mapping[str, Callable[[], object]], warmup: int = 10,
-                              repeat: int = 200, sync: bool = True) -> dict[str, float]:
+def interleaved_wall_times_us(
+    fns: Mapping[str, Callable[[], object]], warmup: int = 10, repeat: int = 200, sync: bool = True
+) -> dict[str, float]:
     """Median wall time of one synchronized call of each function, measured
     in alternating rounds (one call of each per round, the order rotating).
 
     On a shared or virtual machine the host's speed drifts by tens of percent
     over seconds; timing the variants one after the other would fold that
     drift into their ratio, alternating them spreads it over all alike."""
+
     def synchronize() -> None:
         if sync and torch.cuda.is_available():
             torch.cuda.synchronize()
@@ -111,12 +111,88 @@ def interleaved_wall_times_us(fns: Mapping[str, Callable[[], object]], warmup: i
     synchronize()
     times: dict[str, list[float]] = {name: [] for name in names}
     for i in range(repeat):
-        for name in names[i % len(names):] + names[:i % len(names)]:
+        for name in names[i % len(names) :] + names[: i % len(names)]:
             t0 = time.perf_counter()
             fns[name]()
             synchronize()
             times[name].append((time.perf_counter() - t0) * 1e6)
     return {name: statistics.median(t) for name, t in times.items()}
+
+
+def interleaved_host_times_us(
+    fns: Mapping[str, Callable[[], object]], calls: int = 200, rounds: int = 21, warmup: int = 50
+) -> dict[str, float]:
+    """Host time per call with the calls enqueued back to back (no
+    synchronization between them, one synchronization before each batch of
+    ``calls``), in alternating rounds: the cost a program pays on the host
+    for each call while the device runs behind it. Median over rounds."""
+
+    def synchronize() -> None:
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+
+    names = list(fns)
+    for name in names:
+        for _ in range(warmup):
+            fns[name]()
+    synchronize()
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for i in range(rounds):
+        for name in names[i % len(names) :] + names[: i % len(names)]:
+            fn = fns[name]
+            synchronize()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            times[name].append((time.perf_counter() - t0) * 1e6 / calls)
+    synchronize()
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def per_call_rows(
+    op: str, variants: Mapping[str, Callable[[], object]], dtype: str, size: str, numel: int, label: str = ""
+) -> list[Row]:
+    """Rows of the per-call host cost of small calls, every variant
+    interleaved with the others: mode "host enqueue/call{label}" (back to
+    back) and "sync wall/call{label}" (one synchronized call)."""
+    enqueue = interleaved_host_times_us(variants)
+    wall = interleaved_wall_times_us(variants, warmup=20, repeat=400)
+    rows = []
+    for name in variants:
+        rows.append(
+            Row(
+                op=op,
+                variant=name,
+                mode=f"host enqueue/call{label}",
+                dtype=dtype,
+                size=size,
+                numel=numel,
+                median_us=enqueue[name],
+            )
+        )
+        rows.append(
+            Row(
+                op=op,
+                variant=name,
+                mode=f"sync wall/call{label}",
+                dtype=dtype,
+                size=size,
+                numel=numel,
+                median_us=wall[name],
+            )
+        )
+    return rows
+
+
+def copy_time_us(nbytes: int, device: str = "cuda", **kw) -> float:
+    """Device time of a device-to-device copy moving ``nbytes`` bytes (read +
+    written): the roofline a memory-bound kernel moving as many is held to."""
+    n = max(1, nbytes // 2)
+    src = torch.empty(n, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    us = device_time_us(lambda: dst.copy_(src), **kw)
+    return us
+
 
 def format_table(rows: Sequence[Row], baseline: str | None = None) -> str:
     """A plain-text table; with ``baseline``, each row's speed-up against the
@@ -129,16 +205,23 @@ def format_table(rows: Sequence[Row], baseline: str | None = None) -> str:
         header.append(f"x vs {baseline}")
     lines = [header]
     for r in rows:
-        line = [r.op, r.mode, r.dtype, r.size, r.variant, f"{r.median_us:.1f}",
-                "-" if not r.bytes_moved else f"{r.gbps:.0f}"]
+        line = [
+            r.op,
+            r.mode,
+            r.dtype,
+            r.size,
+            r.variant,
+            f"{r.median_us:.1f}",
+            "-" if not r.bytes_moved else f"{r.gbps:.0f}",
+        ]
         if baseline:
             b = base.get((r.op, r.mode, r.dtype, r.size))
             line.append(f"{b / r.median_us:.2f}" if b else "-")
         lines.append(line)
-    widths = [max(len(str(l[i])) for l in lines) for i in range(len(header))]
+    widths = [max(len(str(line[i])) for line in lines) for i in range(len(header))]
     out = []
-    for i, l in enumerate(lines):
-        out.append("  ".join(str(c).rjust(w) for c, w in zip(l, widths)))
+    for i, line in enumerate(lines):
+        out.append("  ".join(str(c).rjust(w) for c, w in zip(line, widths)))
         if i == 0:
             out.append("  ".join("-" * w for w in widths))
     return "\n".join(out)
@@ -147,14 +230,14 @@ def format_table(rows: Sequence[Row], baseline: str | None = None) -> str:
 def to_markdown(rows: Sequence[Row], baseline: str | None = None) -> str:
     text = format_table(rows, baseline).splitlines()
     cells = [[c for c in line.split("  ") if c.strip()] for line in text if not set(line) <= {"-", " "}]
-    md = ["| " + " | ".join(c.strip() for c in cells[0]) + " |",
-          "|" + "---|" * len(cells[0])]
+    md = ["| " + " | ".join(c.strip() for c in cells[0]) + " |", "|" + "---|" * len(cells[0])]
     md += ["| " + " | ".join(c.strip() for c in row) + " |" for row in cells[1:]]
     return "\n".join(md) + "\n"
 
 
-def write_results(rows: Sequence[Row], out_dir: str | Path, name: str,
-                  baseline: str | None = None, plot_roofline: str | None = None) -> None:
+def write_results(
+    rows: Sequence[Row], out_dir: str | Path, name: str, baseline: str | None = None, plot_roofline: str | None = None
+) -> None:
     """Write ``name.md``, ``name.json`` and, where matplotlib is installed and
     rows carry byte counts, ``name.png`` (throughput against elements, one
     line per variant, the ``plot_roofline`` variant drawn dashed)."""
@@ -177,8 +260,9 @@ def write_results(rows: Sequence[Row], out_dir: str | Path, name: str,
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
     for ax, (mode, dtype) in zip(axes[0], panels):
         for variant in dict.fromkeys(r.variant for r in plotted):
-            pts = sorted((r.numel, r.gbps) for r in plotted
-                         if r.variant == variant and r.mode == mode and r.dtype == dtype)
+            pts = sorted(
+                (r.numel, r.gbps) for r in plotted if r.variant == variant and r.mode == mode and r.dtype == dtype
+            )
             if pts:
                 style = "--" if variant == plot_roofline else "-o"
                 ax.plot(*zip(*pts), style, label=variant, markersize=3)

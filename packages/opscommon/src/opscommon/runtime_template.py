@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import glob
 import os
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import torch
 import torch.autograd.forward_ad as _forward_ad
@@ -180,6 +181,9 @@ functorch_active = torch._C._are_functorch_transforms_active
 _single_level_allowed = torch._C._functorch.get_single_level_autograd_function_allowed
 _set_single_level_allowed = torch._C._functorch.set_single_level_autograd_function_allowed
 _set_fwd_grad_enabled = _forward_ad._set_fwd_grad_enabled
+#: Runs the dispatcher below the Autograd keys (the one private name the
+#: autograd design itself rests on: torch offers no public equivalent).
+below_autograd = torch._C._AutoDispatchBelowAutograd
 
 
 def forward_ad_active() -> bool:
@@ -192,11 +196,7 @@ def differentiating(*args: Any) -> bool:
     """Whether a call on ``args`` must go through autograd: grad mode on and
     an argument that requires grad, a forward-AD level open, or a torch.func
     transform (grad, vjp, jvp, jacrev, jacfwd, vmap, hessian) active."""
-    return (
-        (_grad_enabled() and _any_requires_grad(*args))
-        or _forward_ad._current_level >= 0
-        or functorch_active()
-    )
+    return (_grad_enabled() and _any_requires_grad(*args)) or _forward_ad._current_level >= 0 or functorch_active()
 
 
 def register_autograd(qualname: str, function: type) -> None:
@@ -208,7 +208,6 @@ def register_autograd(qualname: str, function: type) -> None:
     ns, _, name = qualname.partition("::")
     opname, _, overload = name.partition(".")
     op = getattr(getattr(getattr(torch.ops, ns), opname), overload or "default")
-    apply = function.apply
 
     # Under torch.func: the Function at one level. Its forward hands the op
     # on to the lower levels with grad and forward grad on (the lower level
@@ -218,14 +217,12 @@ def register_autograd(qualname: str, function: type) -> None:
         with torch.enable_grad(), _set_fwd_grad_enabled(True):
             return function.forward(ctx, *args)
 
-    level_function = type(
-        function.__name__ + "Level", (function,), {"forward": staticmethod(level_forward)}
-    )
+    level_function = type(function.__name__ + "Level", (function,), {"forward": staticmethod(level_forward)})
     # The apply of torch.autograd.Function's base: Function.apply would start
     # the transforms over, from the top.
     single_level_apply = super(torch.autograd.Function, level_function).apply
-    below_autograd = torch._C._AutoDispatchBelowAutograd
     after_autograd = torch._C._after_autograd_keyset
+    fast_apply = function_apply(function)
 
     def autograd_kernel(keyset, *args):
         if functorch_active():
@@ -238,13 +235,82 @@ def register_autograd(qualname: str, function: type) -> None:
             finally:
                 _set_single_level_allowed(allowed)
         if (_grad_enabled() and _any_requires_grad(*args)) or _forward_ad._current_level >= 0:
-            return apply(*args)
+            return fast_apply(*args)
         with below_autograd():
             return op.redispatch(keyset & after_autograd, *args)
 
     lib = torch.library.Library(ns, "IMPL")
     lib.impl(name, autograd_kernel, "Autograd", with_keyset=True)
     _KEEP_ALIVE.append(lib)
+
+
+# -- fast paths of the public wrappers ------------------------------------------------
+#
+# A call of a small op is all host time, and most of that is Python: the
+# OpOverload's __call__, Function.apply's pytree walk over its arguments.
+# The helpers below take the shortest route through torch's *private* API,
+# each with the public route as its fallback: a torch that lacks (or renames)
+# a private name loses speed, never correctness. Setting the environment
+# variable OPSCOMMON_PUBLIC_API_ONLY=1 before import forces the public routes
+# everywhere (the tests run both). The ops carry no copies of this code.
+
+PUBLIC_API_ONLY = os.environ.get("OPSCOMMON_PUBLIC_API_ONLY", "") not in ("", "0")
+
+
+def op_callable(op: Any) -> Any:
+    """The fastest callable that runs the OpOverload ``op`` through the
+    dispatcher: its C++ entry point ``op._op`` (the dispatcher call without
+    OpOverload.__call__'s Python frame), else ``op`` itself."""
+    raw = None if PUBLIC_API_ONLY else getattr(op, "_op", None)
+    return raw if callable(raw) else op
+
+
+def function_apply(function: type) -> Any:
+    """A callable equivalent to ``function.apply`` (an autograd.Function
+    without setup_context) outside torch.func transforms: the C++ apply of
+    ``torch._C._FunctionBase``, with the dead-wrapper unwrap
+    ``Function.apply`` does per tensor instead of through pytree. Falls back
+    to ``function.apply``. Callers must not use it while a torch.func
+    transform is active (``functorch_active()``)."""
+    if PUBLIC_API_ONLY:
+        return function.apply
+    try:
+        base_apply = super(torch.autograd.Function, function).apply
+        unwrap_if_dead = torch._C._functorch.unwrap_if_dead
+    except AttributeError:
+        return function.apply
+    if base_apply is None or not callable(unwrap_if_dead):
+        return function.apply
+    Tensor = torch.Tensor
+
+    def apply(*args):
+        return base_apply(*[unwrap_if_dead(a) if isinstance(a, Tensor) else a for a in args])
+
+    def apply1(x):
+        return base_apply(unwrap_if_dead(x))
+
+    def apply2(a, b):
+        return base_apply(unwrap_if_dead(a), unwrap_if_dead(b))
+
+    return {1: apply1, 2: apply2}.get(_arity(function), apply)
+
+
+def _arity(function: type) -> int:
+    import inspect
+
+    try:
+        params = list(inspect.signature(function.forward).parameters.values())[1:]
+    except (TypeError, ValueError):
+        return -1
+    if any(p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) or p.default is not p.empty for p in params):
+        return -1
+    return len(params)
+
+
+def using_private_api() -> bool:
+    """Whether the fast paths above use torch's private API (False when
+    OPSCOMMON_PUBLIC_API_ONLY is set)."""
+    return not PUBLIC_API_ONLY
 
 
 def register_composite_autograd(qualname: str, fn) -> None:
@@ -256,7 +322,6 @@ def register_composite_autograd(qualname: str, fn) -> None:
     ns, _, name = qualname.partition("::")
     opname, _, overload = name.partition(".")
     op = getattr(getattr(getattr(torch.ops, ns), opname), overload or "default")
-    below_autograd = torch._C._AutoDispatchBelowAutograd
     after_autograd = torch._C._after_autograd_keyset
 
     def autograd_kernel(keyset, *args):

@@ -27,9 +27,12 @@ from __future__ import annotations
 import concurrent.futures
 import gc
 import os
+import subprocess
+import sys
 import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Sequence
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -114,8 +117,9 @@ class ReliabilityContract:
         layout = data.draw(st.sampled_from(LAYOUTS), label="layout")
         inputs = self.make_inputs(case, dtype, device)
         if self.special_values:
-            inputs = tuple(inject_special_values(t, data.draw, dtype) if isinstance(t, torch.Tensor) else t
-                           for t in inputs)
+            inputs = tuple(
+                inject_special_values(t, data.draw, dtype) if isinstance(t, torch.Tensor) else t for t in inputs
+            )
         laid = tuple(with_layout(t, layout) if isinstance(t, torch.Tensor) else t for t in inputs)
         out = self.call(*laid)
         ref = self.reference(*inputs)
@@ -127,8 +131,12 @@ class ReliabilityContract:
         device = self._device(device)
         examples = []
 
-        @settings(max_examples=self.property_examples, deadline=None, derandomize=False,
-                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+        @settings(
+            max_examples=self.property_examples,
+            deadline=None,
+            derandomize=False,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+        )
         @given(data=st.data())
         def check(data: st.DataObject) -> None:
             examples.append(1)
@@ -247,8 +255,7 @@ def _gpu_bytes(device: str) -> int:
 # -- derivatives -------------------------------------------------------------------
 
 #: The derivative features the contract checks (names for refused_derivatives).
-DERIVATIVES = ("forward_ad", "jvp", "vjp", "grad", "jacrev", "jacfwd", "hessian", "vmap",
-               "double_backward")
+DERIVATIVES = ("forward_ad", "jvp", "vjp", "grad", "jacrev", "jacfwd", "hessian", "vmap", "double_backward")
 
 
 class DerivativeContract:
@@ -273,10 +280,10 @@ class DerivativeContract:
     def _derivative_setup(self, case: Any, device: str):
         """(inputs, positions of the differentiable ones, f(*diff) -> outputs
         of the op, same for the reference)."""
-        inputs = tuple(t.detach() if isinstance(t, torch.Tensor) else t
-                       for t in self.make_inputs(case, torch.float64, device))
-        pos = [i for i in self.grad_inputs
-               if isinstance(inputs[i], torch.Tensor) and inputs[i].is_floating_point()]
+        inputs = tuple(
+            t.detach() if isinstance(t, torch.Tensor) else t for t in self.make_inputs(case, torch.float64, device)
+        )
+        pos = [i for i in self.grad_inputs if isinstance(inputs[i], torch.Tensor) and inputs[i].is_floating_point()]
 
         def bind(fn):
             def f(*diff):
@@ -284,6 +291,7 @@ class DerivativeContract:
                 for i, d in zip(pos, diff):
                     full[i] = d
                 return _as_tuple(fn(*full))
+
             return f
 
         return inputs, pos, bind(self.call), bind(self.derivative_reference)
@@ -409,11 +417,16 @@ class DerivativeContract:
                 got_h = torch.func.hessian(scalar(f), argnums=argnums)(*primals)
                 got_gg = torch.func.grad(
                     lambda *p: sum(g.square().sum() for g in torch.func.grad(scalar(f), argnums=argnums)(*p)),
-                    argnums=argnums)(*primals)
+                    argnums=argnums,
+                )(*primals)
             self._close(got_h, torch.func.hessian(scalar(ref), argnums=argnums)(*primals))
-            self._close(got_gg, torch.func.grad(
-                lambda *p: sum(g.square().sum() for g in torch.func.grad(scalar(ref), argnums=argnums)(*p)),
-                argnums=argnums)(*primals))
+            self._close(
+                got_gg,
+                torch.func.grad(
+                    lambda *p: sum(g.square().sum() for g in torch.func.grad(scalar(ref), argnums=argnums)(*p)),
+                    argnums=argnums,
+                )(*primals),
+            )
 
     @pytest.mark.parametrize("device", DEVICES)
     def test_func_vmap_matches_reference(self, device: str) -> None:
@@ -433,14 +446,14 @@ class DerivativeContract:
                 warnings.simplefilter("error", UserWarning)
                 got = torch.func.vmap(f_all)(*batched)
                 got_first = torch.func.vmap(f_all, in_dims=first_only)(batched[0], *unbatched[1:])
-                per_sample = torch.func.vmap(
-                    torch.func.grad(lambda *p: sum(o.sum() for o in f_all(*p))))(*batched)
+                per_sample = torch.func.vmap(torch.func.grad(lambda *p: sum(o.sum() for o in f_all(*p))))(*batched)
             want = [torch.stack(o) for o in zip(*(ref_all(*(b[n] for b in batched)) for n in range(3)))]
             want_first = [torch.stack(o) for o in zip(*(ref_all(batched[0][n], *unbatched[1:]) for n in range(3)))]
             self._close(got, want)
             self._close(got_first, want_first)
-            self._close(per_sample, torch.func.vmap(
-                torch.func.grad(lambda *p: sum(o.sum() for o in ref_all(*p))))(*batched))
+            self._close(
+                per_sample, torch.func.vmap(torch.func.grad(lambda *p: sum(o.sum() for o in ref_all(*p))))(*batched)
+            )
 
 
 class OpContract(ReliabilityContract, DerivativeContract):
@@ -589,3 +602,13 @@ class OpContract(ReliabilityContract, DerivativeContract):
             with pytest.raises(bad.error, match=bad.match):
                 bad.call()
 
+
+def run_with_public_api_only(code: str, timeout: float = 600) -> None:
+    """Run ``code`` in a fresh interpreter with OPSCOMMON_PUBLIC_API_ONLY=1,
+    where the op packages' fast paths take their public-API fallbacks (what a
+    torch without the private names they use would get); fail with its
+    output if it fails. ``code`` should import the op package, check
+    ``_runtime.using_private_api()`` is False and exercise the op."""
+    env = dict(os.environ, OPSCOMMON_PUBLIC_API_ONLY="1")
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, f"public-API fallback failed:\n{result.stdout}\n{result.stderr}"

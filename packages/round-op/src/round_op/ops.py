@@ -16,10 +16,13 @@ _runtime.register_missing_cuda("round_op", ["round_ste"])
 
 
 _round_ste = torch.ops.round_op.round_ste.default
-_below_autograd = torch._C._AutoDispatchBelowAutograd
+# The dispatcher entry without OpOverload.__call__ (public fallback: the op).
+_round_ste_raw = _runtime.op_callable(_round_ste)
+_below_autograd = _runtime.below_autograd
 _is_compiling = torch.compiler.is_compiling
-_differentiating = _runtime.differentiating
+_grad_enabled = torch.is_grad_enabled
 _functorch_active = _runtime.functorch_active
+_fwad = _runtime._forward_ad
 
 
 @torch.library.register_fake("round_op::round_ste")
@@ -36,7 +39,7 @@ def _round_ste_fake(x: Tensor) -> Tensor:
 
 def _forward(x: Tensor) -> Tensor:
     with _below_autograd():
-        return _round_ste(x)
+        return _round_ste_raw(x)
 
 
 def _backward(ctx, grad: Tensor) -> Tensor:
@@ -60,6 +63,7 @@ class _RoundSTEFunction(torch.autograd.Function):
 
 
 _runtime.register_autograd("round_op::round_ste", _RoundSTEFunction)
+_apply = _runtime.function_apply(_RoundSTEFunction)
 
 
 def _round_ste_vmap(info, in_dims, x: Tensor):
@@ -85,18 +89,19 @@ def round_ste(x: Tensor) -> Tensor:
         gradient through unchanged, forward mode (``torch.func.jvp``,
         ``jacfwd``, dual tensors) the tangent; ``torch.func.vmap`` works.
     """
-    if type(x) is not Tensor and not isinstance(x, Tensor):
+    if not isinstance(x, Tensor):
         _runtime.check_tensor(OP, "x", x)
     if _is_compiling() or _functorch_active():
         # The registered op: torch.compile traces it, torch.func transforms
         # run its autograd and vmap rule level by level.
         return _round_ste(x)
-    if _differentiating(x):
-        return _RoundSTEFunction.apply(x)
+    if (x.requires_grad and _grad_enabled()) or _fwad._current_level >= 0:
+        # Autograd, or forward AD (a dual_level is open: x may be dual).
+        return _apply(x)
     # Nothing to differentiate: the kernel below autograd, without the
     # Python autograd kernel's redispatch.
     with _below_autograd():
-        return _round_ste(x)
+        return _round_ste_raw(x)
 
 
 class RoundSTE(nn.Module):

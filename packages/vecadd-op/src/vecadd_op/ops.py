@@ -27,7 +27,10 @@ _runtime.register_missing_cuda("vecadd_op", ["add", "add.out"])
 
 _add = torch.ops.vecadd_op.add.default
 _add_out = torch.ops.vecadd_op.add.out
-_below_autograd = torch._C._AutoDispatchBelowAutograd
+# The dispatcher entries without OpOverload.__call__ (public fallback: the op).
+_add_raw = _runtime.op_callable(_add)
+_add_out_raw = _runtime.op_callable(_add_out)
+_below_autograd = _runtime.below_autograd
 _below_ad_inplace_or_view = torch._C._AutoDispatchBelowADInplaceOrView
 _increment_version = torch.autograd.graph.increment_version
 _is_compiling = torch.compiler.is_compiling
@@ -63,8 +66,7 @@ def _check_out(a: Tensor, out: Tensor) -> None:
         )
     if out.device != a.device:
         raise RuntimeError(
-            f"{OP}: argument 'out' must be on the device of 'a' and 'b' ({_device_str(a)}), "
-            f"got {_device_str(out)}"
+            f"{OP}: argument 'out' must be on the device of 'a' and 'b' ({_device_str(a)}), got {_device_str(out)}"
         )
     if out.shape != a.shape:
         raise RuntimeError(
@@ -100,7 +102,7 @@ def _add_out_fake(a: Tensor, b: Tensor, *, out: Tensor) -> Tensor:
 
 def _add_below_autograd(a: Tensor, b: Tensor) -> Tensor:
     with _below_autograd():
-        return _add(a, b)
+        return _add_raw(a, b)
 
 
 class _AddFunction(torch.autograd.Function):
@@ -126,6 +128,7 @@ class _AddFunction(torch.autograd.Function):
 
 
 _runtime.register_autograd("vecadd_op::add", _AddFunction)
+_apply = _runtime.function_apply(_AddFunction)
 
 # The out= overload is not differentiable (like torch.add(..., out=)): its
 # Autograd kernel rejects arguments that require grad, with grad mode on,
@@ -222,27 +225,30 @@ def add(a: Tensor, b: Tensor, *, out: Tensor | None = None) -> Tensor:
         RuntimeError: mismatched shapes, dtypes or devices, an unsupported
             dtype or a bad ``out``; the message names the argument.
     """
-    if not (isinstance(a, Tensor) and isinstance(b, Tensor)
-            and (out is None or isinstance(out, Tensor))):
-        _check_are_tensors(a, b, out)
     if out is None:
+        if not (isinstance(a, Tensor) and isinstance(b, Tensor)):
+            _check_are_tensors(a, b, out)
         if _is_compiling() or _functorch_active():
             # torch.compile traces the registered op; torch.func transforms
             # run its autograd and vmap rule level by level.
             return _add(a, b)
-        if (_grad_enabled() and (a.requires_grad or b.requires_grad)) or _fwad._current_level >= 0:
+        if ((a.requires_grad or b.requires_grad) and _grad_enabled()) or _fwad._current_level >= 0:
             # Autograd, or forward AD (a dual_level is open: a or b may be
             # dual tensors).
-            return _AddFunction.apply(a, b)
+            return _apply(a, b)
         # Nothing for autograd to record: skip the Python autograd kernel,
         # which would only redispatch below autograd itself, at a cost of
         # several microseconds per call (more than a small add takes).
         with _below_autograd():
-            return _add(a, b)
+            return _add_raw(a, b)
+    if not (isinstance(a, Tensor) and isinstance(b, Tensor) and isinstance(out, Tensor)):
+        _check_are_tensors(a, b, out)
     if _is_compiling():
         return _add_out_traced(a, b, out)
-    if _functorch_active() or _fwad._current_level >= 0 or (
-        _grad_enabled() and (a.requires_grad or b.requires_grad or out.requires_grad)
+    if (
+        _functorch_active()
+        or _fwad._current_level >= 0
+        or (_grad_enabled() and (a.requires_grad or b.requires_grad or out.requires_grad))
     ):
         # The Autograd kernel rejects out= with arguments that require grad
         # or carry a forward-AD tangent.
@@ -252,7 +258,7 @@ def add(a: Tensor, b: Tensor, *, out: Tensor | None = None) -> Tensor:
     if out.is_inference():
         _check_out_not_inference(out)
     with _below_ad_inplace_or_view():
-        result = _add_out(a, b, out=out)
+        result = _add_out_raw(a, b, out=out)
     _increment_version(out)
     return result
 
@@ -275,9 +281,7 @@ def _add_out_traced(a: Tensor, b: Tensor, out: Tensor) -> Tensor:
     the out= op itself, whose Autograd or fake kernel raises the eager error
     while the graph is traced.
     """
-    if (_grad_enabled() and (a.requires_grad or b.requires_grad or out.requires_grad)) or not (
-        _out_is_valid(a, out)
-    ):
+    if (_grad_enabled() and (a.requires_grad or b.requires_grad or out.requires_grad)) or not (_out_is_valid(a, out)):
         return _add_out(a, b, out=out)
     return out.copy_(_add(a, b))
 
