@@ -31,13 +31,11 @@ import gc
 import json
 from pathlib import Path
 
-import torch
-
 import lltm_op
+import torch
 from lltm_op import lltm, lltm_reference
 from lltm_op._runtime import BUILD_INFO
-from opscommon.bench import (Row, device_time_us, format_table, interleaved_wall_times_us,
-                             wall_time_us, write_results)
+from opscommon.bench import Row, device_time_us, format_table, interleaved_wall_times_us, wall_time_us, write_results
 
 SIZES = {"tutorial": (16, 32, 128), "large": (4096, 1024, 2048)}
 QUICK_SIZES = {"tutorial": (4, 8, 16), "large": (64, 32, 64)}
@@ -102,8 +100,10 @@ def main() -> None:
 
     name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     build = f"CUDA {BUILD_INFO['cuda']}" if BUILD_INFO.get("cuda") else "CPU"
-    print(f"device: {name}; torch {torch.__version__} (CUDA {torch.version.cuda}); "
-          f"lltm_op {lltm_op.__version__} ({build} build)")
+    print(
+        f"device: {name}; torch {torch.__version__} (CUDA {torch.version.cuda}); "
+        f"lltm_op {lltm_op.__version__} ({build} build)"
+    )
     print(tf32_line())
     if quick:
         print(f"quick run: sizes {sizes}")
@@ -121,9 +121,11 @@ def main() -> None:
             variants = {PURE: lltm_reference, OURS: lltm}
             if not args.no_compile:
                 variants[COMPILED] = torch.compile(lltm_reference, fullgraph=True, dynamic=False)
-            fwd = {v: (lambda fn=fn: fn(*inputs)) for v, fn in variants.items()}
-            fwd_bwd = {v: (lambda fn=fn: torch.autograd.grad(fn(*inputs), inputs, grads))
-                       for v, fn in variants.items()}
+            fwd = {v: (lambda fn=fn, inputs=inputs: fn(*inputs)) for v, fn in variants.items()}
+            fwd_bwd = {
+                v: (lambda fn=fn, inputs=inputs, grads=grads: torch.autograd.grad(fn(*inputs), inputs, grads))
+                for v, fn in variants.items()
+            }
             if size_name == "tutorial":
                 # launch-bound: the variants alternate, so host drift hits all alike
                 fwd_us = interleaved_wall_times_us(fwd, **kw)
@@ -136,8 +138,9 @@ def main() -> None:
                 rows.append(Row(mode="forward", median_us=fwd_us[variant], **common))
                 mib = peak_mib(fwd_bwd[variant], device)
                 memory.append((label, dname, variant, mib))
-                rows.append(Row(mode="forward+backward", median_us=fwd_bwd_us[variant],
-                                extra={"peak_mib": mib}, **common))
+                rows.append(
+                    Row(mode="forward+backward", median_us=fwd_bwd_us[variant], extra={"peak_mib": mib}, **common)
+                )
             if size_name == "large":
                 x, w, b, h, c = (t.detach() for t in inputs)
                 X = torch.cat((h, x), 1)
@@ -152,11 +155,14 @@ def main() -> None:
                 common = dict(op="lltm", variant=MATMULS, dtype=dname, size=label, numel=batch * state)
                 rows.append(Row(mode="forward", median_us=timer(mm_fwd, **kw), **common))
                 rows.append(Row(mode="forward+backward", median_us=timer(mm_fwd_bwd, **kw), **common))
-                ours = next(r for r in rows if r.variant == OURS and r.mode == "forward+backward"
-                            and r.size == label and r.dtype == dname)
+                ours = next(
+                    r
+                    for r in rows
+                    if r.variant == OURS and r.mode == "forward+backward" and r.size == label and r.dtype == dname
+                )
                 ratios[dname] = ours.median_us / rows[-1].median_us
                 ours.extra["x_matmuls_only"] = ratios[dname]
-            del inputs, grads
+            del inputs, grads, fwd, fwd_bwd
             gc.collect()
 
     print()
@@ -165,25 +171,31 @@ def main() -> None:
     for label, dname, variant, mib in memory:
         base = next(m for lb, dn, v, m in memory if lb == label and dn == dname and v == PURE)
         rel = f"  ({mib / base:.2f}x pure PyTorch)" if mib is not None and base else ""
-        mem_lines.append(f"  {label:>18}  {dname:>8}  {variant:>14}  "
-                         f"{'n/a (CPU)' if mib is None else f'{mib:10.1f}'}{rel}")
-    ratio_lines = ["", f"{OURS} forward+backward / matrix products alone (forward addmm + 2 backward mm), "
-                   f"{label}:"]
+        mem_lines.append(
+            f"  {label:>18}  {dname:>8}  {variant:>14}  {'n/a (CPU)' if mib is None else f'{mib:10.1f}'}{rel}"
+        )
+    ratio_lines = ["", f"{OURS} forward+backward / matrix products alone (forward addmm + 2 backward mm), {label}:"]
     ratio_lines += [f"  {dname}: {r:.3f}x" for dname, r in ratios.items()]
     tail = "\n".join(mem_lines + ratio_lines)
     print(tail)
     if args.out:
         write_results(rows, args.out, "lltm", baseline=PURE)
         md = Path(args.out) / "lltm.md"
-        header = (f"device: {name}; torch {torch.__version__}; lltm_op {lltm_op.__version__}\n\n"
-                  f"{tf32_line()}\n\n")
+        header = f"device: {name}; torch {torch.__version__}; lltm_op {lltm_op.__version__}\n\n{tf32_line()}\n\n"
         md.write_text(header + md.read_text() + "\n```\n" + tail.strip("\n") + "\n```\n")
         extra = Path(args.out) / "lltm_summary.json"
-        extra.write_text(json.dumps({"device": name, "torch": torch.__version__,
-                                     "tf32": bool(torch.backends.cuda.matmul.allow_tf32),
-                                     "x_matmuls_only": ratios,
-                                     "peak_mib": [dict(zip(("size", "dtype", "variant", "mib"), m))
-                                                  for m in memory]}, indent=1))
+        extra.write_text(
+            json.dumps(
+                {
+                    "device": name,
+                    "torch": torch.__version__,
+                    "tf32": bool(torch.backends.cuda.matmul.allow_tf32),
+                    "x_matmuls_only": ratios,
+                    "peak_mib": [dict(zip(("size", "dtype", "variant", "mib"), m)) for m in memory],
+                },
+                indent=1,
+            )
+        )
         print(f"wrote {md}, {Path(args.out) / 'lltm.json'}, {extra}")
 
 

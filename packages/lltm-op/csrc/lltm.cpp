@@ -61,7 +61,8 @@ using CpuMath = std::conditional_t<std::is_same_v<T, double>, AccurateMath, CpuV
 // vectorizes (no calls, no branches, no aliasing the loads can't rule out).
 template <typename T>
 LLTM_ROW_FN void forward_row_contiguous(int64_t S, const T* __restrict__ g, const T* __restrict__ b,
-                            const T* __restrict__ oc, T* __restrict__ h, T* __restrict__ c) {
+                                        const T* __restrict__ oc, T* __restrict__ h,
+                                        T* __restrict__ c) {
   using A = opscommon::acc_t<T>;
   for (int64_t j = 0; j < S; ++j) {
     A nh, nc;
@@ -113,10 +114,11 @@ void forward_rows(int64_t r0, int64_t r1, int64_t S, Mat<T> g, Mat<T> b, Mat<T> 
 // exist (absent ones are zero); kNew: oc holds new_cell, not old_cell. Adds
 // the row's d_gates (before rounding to T) into acc[0, 3S).
 template <typename T, bool kGh, bool kGc, bool kNew>
-LLTM_ROW_FN void backward_row_contiguous(int64_t S, const T* __restrict__ gh, const T* __restrict__ gc,
-                             const T* __restrict__ g, const T* __restrict__ b,
-                             const T* __restrict__ oc, T* __restrict__ dg, T* __restrict__ dc,
-                             opscommon::acc_t<T>* __restrict__ acc) {
+LLTM_ROW_FN void backward_row_contiguous(int64_t S, const T* __restrict__ gh,
+                                         const T* __restrict__ gc, const T* __restrict__ g,
+                                         const T* __restrict__ b, const T* __restrict__ oc,
+                                         T* __restrict__ dg, T* __restrict__ dc,
+                                         opscommon::acc_t<T>* __restrict__ acc) {
   using A = opscommon::acc_t<T>;
   for (int64_t j = 0; j < S; ++j) {
     A d_i, d_o, d_z, d_c;
@@ -138,8 +140,8 @@ LLTM_ROW_FN void backward_row_contiguous(int64_t S, const T* __restrict__ gh, co
 
 // Any strides, absent gradients as null pointers.
 template <typename T, bool kNew>
-void backward_row_strided(int64_t r, int64_t S, Mat<T> gh, Mat<T> gc, Mat<T> g, Mat<T> b,
-                          Mat<T> oc, T* dg, T* dc, opscommon::acc_t<T>* acc) {
+void backward_row_strided(int64_t r, int64_t S, Mat<T> gh, Mat<T> gc, Mat<T> g, Mat<T> b, Mat<T> oc,
+                          T* dg, T* dc, opscommon::acc_t<T>* acc) {
   using A = opscommon::acc_t<T>;
   const T* gr = g.p + r * g.rs;
   const T* cr = oc.p + r * oc.rs;
@@ -153,7 +155,7 @@ void backward_row_strided(int64_t r, int64_t S, Mat<T> gh, Mat<T> gc, Mat<T> g, 
     const A grad_c = gc.p ? static_cast<A>(gc.p[r * gc.rs + j * gc.cs]) : A(0);
     A d[3], d_c;
     cell_backward_math<A, CpuMath<T>, kNew>(grad_h, grad_c, pre[0], pre[1], pre[2],
-                                      static_cast<A>(cr[j * oc.cs]), d[0], d[1], d[2], d_c);
+                                            static_cast<A>(cr[j * oc.cs]), d[0], d[1], d[2], d_c);
     for (int k = 0; k < 3; ++k) {
       dg[k * S + j] = static_cast<T>(d[k]);
       acc[k * S + j] += d[k];
@@ -275,15 +277,15 @@ std::tuple<Tensor, Tensor, Tensor> cell_backward_impl(const std::optional<Tensor
 }  // namespace
 
 std::tuple<Tensor, Tensor, Tensor> cell_backward_cpu(std::optional<Tensor> grad_h,
-                                                     std::optional<Tensor> grad_cell,
-                                                     Tensor gates, Tensor bias,
-                                                     Tensor old_cell) {
+                                                     std::optional<Tensor> grad_cell, Tensor gates,
+                                                     Tensor bias, Tensor old_cell) {
   return cell_backward_impl<false>(grad_h, grad_cell, gates, bias, old_cell);
 }
 
-std::tuple<Tensor, Tensor, Tensor> cell_backward_from_new_cell_cpu(
-    std::optional<Tensor> grad_h, std::optional<Tensor> grad_cell, Tensor gates, Tensor bias,
-    Tensor new_cell) {
+std::tuple<Tensor, Tensor, Tensor> cell_backward_from_new_cell_cpu(std::optional<Tensor> grad_h,
+                                                                   std::optional<Tensor> grad_cell,
+                                                                   Tensor gates, Tensor bias,
+                                                                   Tensor new_cell) {
   return cell_backward_impl<true>(grad_h, grad_cell, gates, bias, new_cell);
 }
 

@@ -77,9 +77,7 @@ struct FastMath {
   static __device__ __forceinline__ float tanh(float v) {
     return 1.0f - 2.0f * __frcp_rn(__expf(2.0f * v) + 1.0f);
   }
-  static __device__ __forceinline__ float sigmoid(float x) {
-    return __frcp_rn(1.0f + __expf(-x));
-  }
+  static __device__ __forceinline__ float sigmoid(float x) { return __frcp_rn(1.0f + __expf(-x)); }
   static __device__ __forceinline__ float select(bool c, float a, float b) { return c ? a : b; }
 };
 #endif
@@ -151,9 +149,8 @@ constexpr int64_t kMaxStateSize = INT64_MAX / 3;
 // messages is cell_arg): [B, S]; gates: [B, 3S]; bias: [3S]; one dtype and
 // device. Sets batch = B, state = S.
 inline void check_cell_args(const char* op, const torch::stable::Tensor& gates,
-                            const torch::stable::Tensor& bias,
-                            const torch::stable::Tensor& cell, int64_t& batch,
-                            int64_t& state, const char* cell_arg = "old_cell") {
+                            const torch::stable::Tensor& bias, const torch::stable::Tensor& cell,
+                            int64_t& batch, int64_t& state, const char* cell_arg = "old_cell") {
   check_operand(op, "gates", gates);
   check_operand(op, "bias", bias);
   check_operand(op, cell_arg, cell);

@@ -41,8 +41,8 @@ LLTM_HD float select(bool c, float a, float b) {
 
 // exp(x) = 2^n * e^r with n = round(x / ln 2), |r| <= ln(2)/2 (Cephes expf).
 LLTM_HD float exp(float x) {
-  constexpr float kMax = 88.72283935546875f;   // exp(kMax) ~ FLT_MAX
-  constexpr float kMin = -87.33654022216797f;  // exp(kMin) ~ FLT_MIN
+  constexpr float kMax = 88.72283935546875f;                           // exp(kMax) ~ FLT_MAX
+  constexpr float kMin = -87.33654022216797f;                          // exp(kMin) ~ FLT_MIN
   const float xc = select(x > kMax, kMax, select(x < kMin, kMin, x));  // NaN stays NaN
   // Round x / ln2 to an integer with the 1.5 * 2^23 trick: n sits in the low
   // mantissa bits of t.

@@ -4,12 +4,11 @@
 // torch), bias ([3S]) and old_cell ([B, S]); the gates are P + bias.
 //
 // Forward: one grid-stride loop with 64-bit indices over the B x S cell
-// elements (the grid covers them: usually one iteration). In an iteration a thread handles VEC consecutive state columns j
-// of one row r: it reads the three gate pre-activations (columns j, S+j, 2S+j
-// of the row; the bias comes from cache), old_cell[r, j], computes in float
-// (double for float64; float16/bfloat16 with the hardware exp2, see FastMath
-// in lltm.h) and writes new_h and new_cell once. Neighbouring
-// threads take neighbouring columns, so every access is coalesced; with
+// elements (the grid covers them: usually one iteration). In an iteration a thread handles VEC
+// consecutive state columns j of one row r: it reads the three gate pre-activations (columns j,
+// S+j, 2S+j of the row; the bias comes from cache), old_cell[r, j], computes in float (double for
+// float64; float16/bfloat16 with the hardware exp2, see FastMath in lltm.h) and writes new_h and
+// new_cell once. Neighbouring threads take neighbouring columns, so every access is coalesced; with
 // VEC > 1 every access is one 16-byte vector.
 //   bytes: reads P (3S) + old_cell (S), writes new_h (S) + new_cell (S).
 //
@@ -153,10 +152,9 @@ __global__ void __launch_bounds__(kThreads, kForwardMinBlocks)
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
       A h, nc;
-      cell_forward_math<A, MathFor<T>>(to_acc(gi.val[k]) + to_acc(bi.val[k]),
-                                       to_acc(go.val[k]) + to_acc(bo.val[k]),
-                                       to_acc(gz.val[k]) + to_acc(bz.val[k]),
-                                       to_acc(c.val[k]), h, nc);
+      cell_forward_math<A, MathFor<T>>(
+          to_acc(gi.val[k]) + to_acc(bi.val[k]), to_acc(go.val[k]) + to_acc(bo.val[k]),
+          to_acc(gz.val[k]) + to_acc(bz.val[k]), to_acc(c.val[k]), h, nc);
       h_out.val[k] = to_storage<T>(h);
       c_out.val[k] = to_storage<T>(nc);
     }
@@ -206,11 +204,9 @@ __global__ void __launch_bounds__(kThreads, kBackwardMinBlocks)
       for (int e = 0; e < VEC; ++e) {
         A a_i, a_o, a_z, a_c;
         cell_backward_math<A, MathFor<T>, kNew>(
-            to_acc(gh.val[e]), to_acc(gc.val[e]),
-            to_acc(gi.val[e]) + to_acc(bi.val[e]),
-            to_acc(go.val[e]) + to_acc(bo.val[e]),
-            to_acc(gz.val[e]) + to_acc(bz.val[e]), to_acc(c.val[e]), a_i,
-            a_o, a_z, a_c);
+            to_acc(gh.val[e]), to_acc(gc.val[e]), to_acc(gi.val[e]) + to_acc(bi.val[e]),
+            to_acc(go.val[e]) + to_acc(bo.val[e]), to_acc(gz.val[e]) + to_acc(bz.val[e]),
+            to_acc(c.val[e]), a_i, a_o, a_z, a_c);
         sum[0][e] += a_i;
         sum[1][e] += a_o;
         sum[2][e] += a_z;
@@ -318,17 +314,17 @@ inline BackwardGrid backward_grid(int64_t B, int64_t per_row, int device) {
   const int64_t wave = static_cast<int64_t>(opscommon::multiprocessor_count(device)) * kBlocksPerSm;
   const int64_t want_y = std::max<int64_t>(1, (B + by - 1) / by);
   const int64_t cap_y = std::max<int64_t>(1, wave / grid_x);
-  const int64_t grid_y = B <= kSingleBlockRowRows * by ? 1 : std::min<int64_t>({want_y, cap_y, 65535});
+  const int64_t grid_y =
+      B <= kSingleBlockRowRows * by ? 1 : std::min<int64_t>({want_y, cap_y, 65535});
   OPSCOMMON_CHECK(grid_x <= 0x7fffffff, kCellBackward, ": state size too large");
-  return {dim3(static_cast<unsigned int>(grid_x), static_cast<unsigned int>(grid_y)),
-          dim3(bx, by)};
+  return {dim3(static_cast<unsigned int>(grid_x), static_cast<unsigned int>(grid_y)), dim3(bx, by)};
 }
 
 // oc: old_cell, or new_cell when from_new_cell (cell_backward_from_new_cell).
 template <typename T>
 void launch_backward(const Tensor& like, int device, cudaStream_t stream, int64_t B, int64_t S,
-                     Mat<T> gh, Mat<T> gc, Mat<T> g, Mat<T> b, Mat<T> oc, T* dg, T* dc,
-                     T* d_bias, bool from_new_cell = false) {
+                     Mat<T> gh, Mat<T> gc, Mat<T> g, Mat<T> b, Mat<T> oc, T* dg, T* dc, T* d_bias,
+                     bool from_new_cell = false) {
   using A = opscommon::acc_t<T>;
   constexpr int V = backward_vec<T>();
   const bool vec = S % V == 0 && vector_ok<V>(gh) && vector_ok<V>(gc) && vector_ok<V>(g) &&
@@ -339,8 +335,8 @@ void launch_backward(const Tensor& like, int device, cudaStream_t stream, int64_
   std::optional<Tensor> partial;
   A* p = nullptr;
   if (parts > 1) {
-    const int32_t acc_dtype = std::is_same_v<A, double> ? aoti_torch_dtype_float64()
-                                                        : aoti_torch_dtype_float32();
+    const int32_t acc_dtype =
+        std::is_same_v<A, double> ? aoti_torch_dtype_float64() : aoti_torch_dtype_float32();
     partial = opscommon::empty_contiguous(from_new_cell ? kCellBackwardFromNewCell : kCellBackward,
                                           like, {parts, 3 * S}, acc_dtype);
     p = static_cast<A*>(partial->mutable_data_ptr());
@@ -378,9 +374,8 @@ std::tuple<Tensor, Tensor> cell_forward_cuda(Tensor gates, Tensor bias, Tensor o
   const cudaStream_t stream = opscommon::current_stream(device);
   opscommon::dispatch_floating(gates.scalar_type(), kCellForward, [&](auto tag) {
     using T = decltype(tag);
-    launch_forward<T>(device, stream, B, S, mat_of<T>(gates), row_of<T>(bias),
-                      mat_of<T>(old_cell), new_h.mutable_data_ptr<T>(),
-                      new_c.mutable_data_ptr<T>());
+    launch_forward<T>(device, stream, B, S, mat_of<T>(gates), row_of<T>(bias), mat_of<T>(old_cell),
+                      new_h.mutable_data_ptr<T>(), new_c.mutable_data_ptr<T>());
   });
   return {new_h, new_c};
 }
@@ -392,8 +387,7 @@ namespace {
 std::tuple<Tensor, Tensor, Tensor> cell_backward_cuda_impl(const std::optional<Tensor>& grad_h,
                                                            const std::optional<Tensor>& grad_cell,
                                                            const Tensor& gates, const Tensor& bias,
-                                                           const Tensor& cell,
-                                                           bool from_new_cell) {
+                                                           const Tensor& cell, bool from_new_cell) {
   const char* op = from_new_cell ? kCellBackwardFromNewCell : kCellBackward;
   int64_t B = 0, S = 0;
   check_backward_args(grad_h, grad_cell, gates, bias, cell, B, S, from_new_cell);
@@ -409,10 +403,9 @@ std::tuple<Tensor, Tensor, Tensor> cell_backward_cuda_impl(const std::optional<T
     using T = decltype(tag);
     const Mat<T> none{nullptr, 0, 0};
     launch_backward<T>(gates, device, stream, B, S, grad_h ? mat_of<T>(*grad_h) : none,
-                       grad_cell ? mat_of<T>(*grad_cell) : none, mat_of<T>(gates),
-                       row_of<T>(bias), mat_of<T>(cell), d_gates.mutable_data_ptr<T>(),
-                       d_old_c.mutable_data_ptr<T>(), d_bias.mutable_data_ptr<T>(),
-                       from_new_cell);
+                       grad_cell ? mat_of<T>(*grad_cell) : none, mat_of<T>(gates), row_of<T>(bias),
+                       mat_of<T>(cell), d_gates.mutable_data_ptr<T>(),
+                       d_old_c.mutable_data_ptr<T>(), d_bias.mutable_data_ptr<T>(), from_new_cell);
   });
   return {d_gates, d_bias, d_old_c};
 }
@@ -420,15 +413,15 @@ std::tuple<Tensor, Tensor, Tensor> cell_backward_cuda_impl(const std::optional<T
 }  // namespace
 
 std::tuple<Tensor, Tensor, Tensor> cell_backward_cuda(std::optional<Tensor> grad_h,
-                                                      std::optional<Tensor> grad_cell,
-                                                      Tensor gates, Tensor bias,
-                                                      Tensor old_cell) {
+                                                      std::optional<Tensor> grad_cell, Tensor gates,
+                                                      Tensor bias, Tensor old_cell) {
   return cell_backward_cuda_impl(grad_h, grad_cell, gates, bias, old_cell, false);
 }
 
-std::tuple<Tensor, Tensor, Tensor> cell_backward_from_new_cell_cuda(
-    std::optional<Tensor> grad_h, std::optional<Tensor> grad_cell, Tensor gates, Tensor bias,
-    Tensor new_cell) {
+std::tuple<Tensor, Tensor, Tensor> cell_backward_from_new_cell_cuda(std::optional<Tensor> grad_h,
+                                                                    std::optional<Tensor> grad_cell,
+                                                                    Tensor gates, Tensor bias,
+                                                                    Tensor new_cell) {
   return cell_backward_cuda_impl(grad_h, grad_cell, gates, bias, new_cell, true);
 }
 

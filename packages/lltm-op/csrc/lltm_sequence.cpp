@@ -41,7 +41,8 @@ void for_rows(int64_t rows, int64_t cols, const F& body) {
   if (rows * cols < opscommon::kCpuGrainSize) {
     body(0, rows);
   } else {
-    const int64_t grain = std::max<int64_t>(1, opscommon::kCpuGrainSize / std::max<int64_t>(1, cols));
+    const int64_t grain =
+        std::max<int64_t>(1, opscommon::kCpuGrainSize / std::max<int64_t>(1, cols));
     torch::stable::parallel_for(0, rows, grain, body);
   }
 }
@@ -55,7 +56,8 @@ LLTM_SEQ_ROW_FN void forward_row(int64_t S, T* __restrict__ g, const T* __restri
   for (int64_t j = 0; j < S; ++j) {
     // The pre-activation is rounded to T once, as stored for the backward,
     // so that both passes see the same value.
-    const T gi = static_cast<T>(static_cast<A>(g[j]) + static_cast<A>(rec[j]) + static_cast<A>(b[j]));
+    const T gi =
+        static_cast<T>(static_cast<A>(g[j]) + static_cast<A>(rec[j]) + static_cast<A>(b[j]));
     const T go = static_cast<T>(static_cast<A>(g[S + j]) + static_cast<A>(rec[S + j]) +
                                 static_cast<A>(b[S + j]));
     const T gz = static_cast<T>(static_cast<A>(g[2 * S + j]) + static_cast<A>(rec[2 * S + j]) +
@@ -75,8 +77,8 @@ LLTM_SEQ_ROW_FN void forward_row(int64_t S, T* __restrict__ g, const T* __restri
 // other h-gradient (rec or extra) and dc_in exist. dc_in may equal dc_out.
 template <typename T, bool kGo, bool kOther, bool kDc>
 LLTM_SEQ_ROW_FN void backward_row(int64_t S, const T* __restrict__ go, const T* __restrict__ other,
-                                  const T* dc_in, const T* __restrict__ g,
-                                  const T* __restrict__ oc, T* __restrict__ dg, T* dc_out) {
+                                  const T* dc_in, const T* __restrict__ g, const T* __restrict__ oc,
+                                  T* __restrict__ dg, T* dc_out) {
   using A = opscommon::acc_t<T>;
   for (int64_t j = 0; j < S; ++j) {
     A grad_h = A(0);
@@ -166,8 +168,8 @@ struct CpuDev {
 
   // The bias gradient: float64 column sums, chunk by chunk (fixed order).
   static Tensor bias_partial(const Tensor& like, const Dims& d, bool) {
-    Tensor p = alloc(kSeqBackward, "the bias-gradient sums", like, {3 * d.S},
-                     aoti_torch_dtype_float64());
+    Tensor p =
+        alloc(kSeqBackward, "the bias-gradient sums", like, {3 * d.S}, aoti_torch_dtype_float64());
     zero(p);
     return p;
   }
@@ -222,8 +224,8 @@ struct CpuDev {
       for_rows(rows, cols, [&](int64_t r0, int64_t r1) {
         for (int64_t r = r0; r < r1; ++r) {
           for (int64_t c = 0; c < cols; ++c) {
-            out[r * ld + c] = static_cast<T>(static_cast<A>(out[r * ld + c]) +
-                                             static_cast<A>(in[r * cols + c]));
+            out[r * ld + c] =
+                static_cast<T>(static_cast<A>(out[r * ld + c]) + static_cast<A>(in[r * cols + c]));
           }
         }
       });
@@ -233,9 +235,10 @@ struct CpuDev {
 
 }  // namespace
 
-std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_forward_cpu(Tensor input, Tensor weights,
-                                                                       Tensor bias, Tensor old_h,
-                                                                       Tensor old_cell) {
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_forward_cpu(Tensor input,
+                                                                        Tensor weights, Tensor bias,
+                                                                        Tensor old_h,
+                                                                        Tensor old_cell) {
   ForwardResult r = sequence_forward<CpuDev>(input, weights, bias, old_h, old_cell);
   return {r.outputs, r.h_n, r.c_n, r.gates, r.cells};
 }

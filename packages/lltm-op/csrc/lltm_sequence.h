@@ -94,8 +94,7 @@ inline void check_sizes_fit(const char* op, const Dims& d) {
 // [B, S]: one floating dtype, one CPU or CUDA device. The Python fake kernel
 // (sequence.py) raises the same messages in the same order.
 inline Dims check_forward_args(const char* op, const Tensor& input, const Tensor& weights,
-                               const Tensor& bias, const Tensor& old_h,
-                               const Tensor& old_cell) {
+                               const Tensor& bias, const Tensor& old_h, const Tensor& old_cell) {
   check_operand(op, "input", input);
   check_operand(op, "weights", weights);
   check_operand(op, "bias", bias);
@@ -134,9 +133,8 @@ inline void check_like(const char* op, const char* arg, const Tensor& t, const T
 inline Dims check_backward_args(const std::optional<Tensor>& grad_outputs,
                                 const std::optional<Tensor>& grad_h_n,
                                 const std::optional<Tensor>& grad_c_n, const Tensor& input,
-                                const Tensor& weights, const Tensor& old_h,
-                                const Tensor& old_cell, const Tensor& outputs,
-                                const Tensor& gates, const Tensor& cells) {
+                                const Tensor& weights, const Tensor& old_h, const Tensor& old_cell,
+                                const Tensor& outputs, const Tensor& gates, const Tensor& cells) {
   const char* op = kSeqBackward;
   check_operand(op, "input", input);
   opscommon::check_shape(op, "input", input, {-1, -1, -1});
@@ -166,7 +164,8 @@ inline Dims check_backward_args(const std::optional<Tensor>& grad_outputs,
 // A fresh contiguous tensor; an allocation failure (out of memory) is an
 // error naming the op and the buffer, not a bare shim failure.
 inline Tensor alloc(const char* op, const char* what, const Tensor& like,
-                    const std::vector<int64_t>& sizes, std::optional<int32_t> dtype = std::nullopt) {
+                    const std::vector<int64_t>& sizes,
+                    std::optional<int32_t> dtype = std::nullopt) {
   const int64_t ndim = static_cast<int64_t>(sizes.size());
   std::vector<int64_t> strides(sizes.size());
   int64_t step = 1;
@@ -179,9 +178,9 @@ inline Tensor alloc(const char* op, const char* what, const Tensor& like,
   OPSCOMMON_SHIM_CHECK(aoti_torch_get_device_type(like.get(), &device_type));
   OPSCOMMON_SHIM_CHECK(aoti_torch_get_device_index(like.get(), &device_index));
   AtenTensorHandle handle = nullptr;
-  const auto err = aoti_torch_empty_strided(ndim, sizes.data(), strides.data(),
-                                            dtype.value_or(like_dtype), device_type, device_index,
-                                            &handle);
+  const auto err =
+      aoti_torch_empty_strided(ndim, sizes.data(), strides.data(), dtype.value_or(like_dtype),
+                               device_type, device_index, &handle);
   if (err != AOTI_TORCH_SUCCESS) {
     std::string shape = "[";
     for (size_t k = 0; k < sizes.size(); ++k) shape += (k ? ", " : "") + std::to_string(sizes[k]);
@@ -197,9 +196,9 @@ inline Tensor alloc(const char* op, const char* what, const Tensor& like,
 inline Tensor view_of(const Tensor& base, std::vector<int64_t> sizes, std::vector<int64_t> strides,
                       int64_t offset = 0) {
   AtenTensorHandle handle = nullptr;
-  OPSCOMMON_SHIM_CHECK(aoti_torch__reinterpret_tensor(
-      base.get(), static_cast<int64_t>(sizes.size()), sizes.data(), strides.data(), offset,
-      &handle));
+  OPSCOMMON_SHIM_CHECK(
+      aoti_torch__reinterpret_tensor(base.get(), static_cast<int64_t>(sizes.size()), sizes.data(),
+                                     strides.data(), offset, &handle));
   return Tensor(handle);
 }
 
@@ -358,8 +357,8 @@ ForwardResult sequence_forward(const Tensor& input_arg, const Tensor& weights_ar
     s.gates = gates + t * step_gates;
     s.bias = bias.const_data_ptr();
     s.h_prev = t ? static_cast<const void*>(outs + (t - 1) * step_state) : old_h.const_data_ptr();
-    s.c_prev = t ? static_cast<const void*>(cells + (t - 1) * step_state)
-                 : old_cell.const_data_ptr();
+    s.c_prev =
+        t ? static_cast<const void*>(cells + (t - 1) * step_state) : old_cell.const_data_ptr();
     s.h = outs + t * step_state;
     s.c = cells + t * step_state;
     s.h_n = t == T - 1 ? r.h_n.mutable_data_ptr() : nullptr;
@@ -405,20 +404,21 @@ struct GemmAccumulator {
 template <class Dev>
 BackwardResult sequence_backward(const std::optional<Tensor>& grad_outputs_arg,
                                  const std::optional<Tensor>& grad_h_n_arg,
-                                 const std::optional<Tensor>& grad_c_n_arg,
-                                 const Tensor& input_arg, const Tensor& weights_arg,
-                                 const Tensor& old_h_arg, const Tensor& old_cell_arg,
-                                 const Tensor& outputs_arg, const Tensor& gates_arg,
-                                 const Tensor& cells_arg, bool input_grad) {
+                                 const std::optional<Tensor>& grad_c_n_arg, const Tensor& input_arg,
+                                 const Tensor& weights_arg, const Tensor& old_h_arg,
+                                 const Tensor& old_cell_arg, const Tensor& outputs_arg,
+                                 const Tensor& gates_arg, const Tensor& cells_arg,
+                                 bool input_grad) {
   const char* op = kSeqBackward;
-  const Dims d = check_backward_args(grad_outputs_arg, grad_h_n_arg, grad_c_n_arg, input_arg,
-                                     weights_arg, old_h_arg, old_cell_arg, outputs_arg, gates_arg,
-                                     cells_arg);
+  const Dims d =
+      check_backward_args(grad_outputs_arg, grad_h_n_arg, grad_c_n_arg, input_arg, weights_arg,
+                          old_h_arg, old_cell_arg, outputs_arg, gates_arg, cells_arg);
   const int64_t T = d.T, B = d.B, F = d.F, S = d.S, S3 = 3 * S, L = S + F;
   const Tensor& like = input_arg;
-  BackwardResult r{input_grad ? alloc(op, "d_input", like, {T, B, F}) : alloc(op, "d_input", like, {0}),
-                   alloc(op, "d_weights", like, {S3, L}), alloc(op, "d_bias", like, {S3}),
-                   alloc(op, "d_old_h", like, {B, S}), alloc(op, "d_old_cell", like, {B, S})};
+  BackwardResult r{
+      input_grad ? alloc(op, "d_input", like, {T, B, F}) : alloc(op, "d_input", like, {0}),
+      alloc(op, "d_weights", like, {S3, L}), alloc(op, "d_bias", like, {S3}),
+      alloc(op, "d_old_h", like, {B, S}), alloc(op, "d_old_cell", like, {B, S})};
   if (T == 0 || B * S == 0) {
     // No step (or nothing in a step): the weights get no gradient, the
     // initial state gets what came for the final state.

@@ -85,9 +85,8 @@ constexpr int64_t kFusedMaxMacs = int64_t(1) << 22;
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     forward_cell_kernel(int64_t B, int64_t S, T* __restrict__ gates, const T* __restrict__ rec,
-                        const T* __restrict__ bias, const T* __restrict__ c_prev,
-                        T* __restrict__ h, T* __restrict__ c, T* __restrict__ h_n,
-                        T* __restrict__ c_n) {
+                        const T* __restrict__ bias, const T* __restrict__ c_prev, T* __restrict__ h,
+                        T* __restrict__ c, T* __restrict__ h_n, T* __restrict__ c_n) {
   using A = Acc<T>;
   const int64_t n = B * S;
   OPSCOMMON_KERNEL_LOOP(i, n) {
@@ -120,9 +119,9 @@ __global__ void __launch_bounds__(kThreads)
 template <typename T>
 __global__ void __launch_bounds__(32 * kBwdRows)
     backward_cell_kernel(int64_t B, int64_t S, const T* __restrict__ go,
-                         const T* __restrict__ other, const T* dc_in,
-                         const T* __restrict__ gates, const T* __restrict__ c_prev,
-                         T* __restrict__ dg, T* dc_out, Acc<T>* __restrict__ partial) {
+                         const T* __restrict__ other, const T* dc_in, const T* __restrict__ gates,
+                         const T* __restrict__ c_prev, T* __restrict__ dg, T* dc_out,
+                         Acc<T>* __restrict__ partial) {
   using A = Acc<T>;
   __shared__ A red[kBwdRows][3][32];
   const int64_t j = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
@@ -293,8 +292,8 @@ __global__ void __launch_bounds__(32 * kWarps)
     const T* g = gates + row * S3;
     A d_c;
     cell_backward_math<A, MathFor<T>>(grad_h, grad_c, to_acc(g[j]), to_acc(g[S + j]),
-                                      to_acc(g[2 * S + j]), to_acc(c_prev[i]), d3[0], d3[1],
-                                      d3[2], d_c);
+                                      to_acc(g[2 * S + j]), to_acc(c_prev[i]), d3[0], d3[1], d3[2],
+                                      d_c);
     T* d = dg + row * S3;
     d[j] = to_storage<T>(d3[0]);
     d[S + j] = to_storage<T>(d3[1]);
@@ -412,8 +411,8 @@ struct CudaDev {
             s.B, s.S, static_cast<const T*>(s.grad_out), static_cast<const T*>(s.extra),
             static_cast<const T*>(s.dG_next), static_cast<const T*>(s.w_h), s.w_ld,
             static_cast<const T*>(s.dc_in), static_cast<const T*>(s.gates),
-            static_cast<const T*>(s.c_prev), static_cast<T*>(s.d_gates),
-            static_cast<T*>(s.dc_out), partial);
+            static_cast<const T*>(s.c_prev), static_cast<T*>(s.d_gates), static_cast<T*>(s.dc_out),
+            partial);
       } else {
         const dim3 grid(gx, static_cast<unsigned int>(backward_block_rows(s.B, s.S, device)));
         const T* other = static_cast<const T*>(s.rec != nullptr ? s.rec : s.extra);
@@ -427,11 +426,13 @@ struct CudaDev {
   }
 
   static Tensor bias_partial(const Tensor& like, const Dims& d, bool fused) {
-    const int64_t rows = fused ? fused_block_rows(d.B) : backward_block_rows(d.B, d.S, like.get_device());
+    const int64_t rows =
+        fused ? fused_block_rows(d.B) : backward_block_rows(d.B, d.S, like.get_device());
     const int32_t acc_dtype = like.scalar_type() == torch::headeronly::ScalarType::Double
                                   ? aoti_torch_dtype_float64()
                                   : aoti_torch_dtype_float32();
-    Tensor p = alloc(kSeqBackward, "the bias-gradient partial sums", like, {rows, 3 * d.S}, acc_dtype);
+    Tensor p =
+        alloc(kSeqBackward, "the bias-gradient partial sums", like, {rows, 3 * d.S}, acc_dtype);
     zero(p);
     return p;
   }
@@ -485,9 +486,10 @@ struct CudaDev {
 
 }  // namespace
 
-std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_forward_cuda(Tensor input, Tensor weights,
-                                                                        Tensor bias, Tensor old_h,
-                                                                        Tensor old_cell) {
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_forward_cuda(Tensor input,
+                                                                         Tensor weights,
+                                                                         Tensor bias, Tensor old_h,
+                                                                         Tensor old_cell) {
   check_operand(kSeqForward, "input", input);
   opscommon::DeviceGuard guard(input.get_device());
   ForwardResult r = sequence_forward<CudaDev>(input, weights, bias, old_h, old_cell);

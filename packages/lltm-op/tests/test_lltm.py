@@ -8,10 +8,9 @@ import math
 import time
 import warnings
 
+import lltm_op
 import pytest
 import torch
-
-import lltm_op
 from lltm_op import LLTM, lltm, lltm_reference
 from lltm_op._runtime import BUILD_INFO
 from opscommon.testing import DEVICES, BadInput, OpContract, cuda_usable, with_layout
@@ -66,6 +65,7 @@ def random_cell_inputs(batch: int, state: int, gen: torch.Generator):
     """Float64 CPU inputs of the cell ops, drawn from `gen`: (gates, bias,
     old_cell) for `cell_forward` and (grad_h, grad_cell) that `cell_backward`
     takes before them."""
+
     def r(*shape):
         return torch.randn(*shape, generator=gen, dtype=torch.float64)
 
@@ -77,8 +77,7 @@ class TestLLTMContract(OpContract):
     build_info = BUILD_INFO
     # (batch, input_features, state_size): batch 1, state sizes that are not
     # multiples of any vector width or block size, the tutorial size, empty.
-    cases = [(1, 1, 1), (1, 3, 5), (4, 5, 3), (16, 32, 128), (3, 7, 130), (33, 4, 260), (0, 4, 6),
-             (5, 2, 0)]
+    cases = [(1, 1, 1), (1, 3, 5), (4, 5, 3), (16, 32, 128), (3, 7, 130), (33, 4, 260), (0, 4, 6), (5, 2, 0)]
     grad_cases = [(2, 3, 4), (1, 2, 5), (3, 1, 8)]
     grad_inputs = (0, 1, 2, 3, 4)
     # The matrix product mixes every input element into whole rows of gates,
@@ -115,22 +114,19 @@ class TestLLTMContract(OpContract):
         device = self._device(device)
         for dtype in (torch.float32, torch.float64):
             for n, (batch, _, state) in enumerate(self.grad_cases):
+
                 def r(*shape):
                     return torch.randn(*shape, dtype=dtype, device=device)
 
                 gates, bias, old_cell = r(batch, 3 * state), r(3 * state), r(batch, state)
                 gh, gc = r(batch, state), r(batch, state)
-                torch.library.opcheck(
-                    cell_forward, tuple(t.clone().requires_grad_() for t in (gates, bias, old_cell))
-                )
+                torch.library.opcheck(cell_forward, tuple(t.clone().requires_grad_() for t in (gates, bias, old_cell)))
                 torch.library.opcheck(cell_backward, (gh, gc, gates, bias, old_cell))
                 new_cell = cell_forward(gates, bias, old_cell)[1]
                 torch.library.opcheck(cell_backward_new, (gh, gc, gates, bias, new_cell))
                 # The backward ops are differentiable (double backward).
                 for op, cell in ((cell_backward, old_cell), (cell_backward_new, new_cell)):
-                    torch.library.opcheck(
-                        op, tuple(t.clone().requires_grad_() for t in (gh, gc, gates, bias, cell))
-                    )
+                    torch.library.opcheck(op, tuple(t.clone().requires_grad_() for t in (gh, gc, gates, bias, cell)))
                 if n or dtype != torch.float32:
                     continue
                 # Once: no grad, partial grad, strided operands, absent and
@@ -139,8 +135,7 @@ class TestLLTMContract(OpContract):
                 torch.library.opcheck(cell_forward, (gates, bias.clone().requires_grad_(), old_cell))
                 torch.library.opcheck(
                     cell_forward,
-                    (with_layout(gates, "transposed"), with_layout(bias, "strided"),
-                     with_layout(old_cell, "strided")),
+                    (with_layout(gates, "transposed"), with_layout(bias, "strided"), with_layout(old_cell, "strided")),
                 )
                 torch.library.opcheck(cell_backward, (None, gc, gates, bias, old_cell))
                 torch.library.opcheck(cell_backward, (gh, None, gates, bias, old_cell))
@@ -166,83 +161,146 @@ class TestLLTMContract(OpContract):
 
         def z(*shape, dtype=torch.float32, device=device):
             return torch.zeros(*shape, dtype=dtype, device=device)
+
         return [
-            BadInput("bias shape", call(bias=torch.zeros(10, **f32)),
-                     rf"^{OP}: argument 'bias' must have shape \[384\], got \[10\]$"),
-            BadInput("bias 2-D", call(bias=torch.zeros(1, 384, **f32)),
-                     rf"{OP}: argument 'bias' must have shape \[384\], got \[1, 384\]"),
-            BadInput("weights shape", call(weights=torch.zeros(384, 128, **f32)),
-                     rf"{OP}: argument 'weights' must have shape \[384, 160\], got \[384, 128\]"),
-            BadInput("weights transposed", call(weights=torch.zeros(160, 384, **f32)),
-                     rf"{OP}: argument 'weights' must have shape \[384, 160\], got \[160, 384\]"),
-            BadInput("old_h batch", call(old_h=torch.zeros(15, 128, **f32)),
-                     rf"{OP}: argument 'old_h' must have shape \[16, \*\], got \[15, 128\]"),
-            BadInput("old_cell state", call(old_cell=torch.zeros(16, 127, **f32)),
-                     rf"{OP}: argument 'old_cell' must have shape \[16, 128\], got \[16, 127\]"),
-            BadInput("input 1-D", call(input=torch.zeros(32, **f32)),
-                     rf"{OP}: argument 'input' must have shape \[\*, \*\], got \[32\]"),
-            BadInput("weights dtype", call(weights=torch.zeros(384, 160, dtype=torch.float64, device=device)),
-                     rf"{OP}: arguments 'input' and 'weights' must have the same dtype, got float32 and float64"),
-            BadInput("old_cell dtype", call(old_cell=torch.zeros(16, 128, dtype=torch.bfloat16, device=device)),
-                     rf"{OP}: arguments 'input' and 'old_cell' must have the same dtype, got float32 and bfloat16"),
-            BadInput("integer input", lambda: lltm(*(t.long() for t in make_args(2, 3, 4, device=device))),
-                     rf"{OP}: argument 'input' must be a floating-point tensor .*got int64"),
-            BadInput("weights device", call(weights=torch.zeros(384, 160, device=other)),
-                     rf"{OP}: arguments 'input' and 'weights' must be on the same device, got {this} and {other}"),
-            BadInput("old_cell device", call(old_cell=torch.zeros(16, 128, device=other)),
-                     rf"{OP}: arguments 'input' and 'old_cell' must be on the same device, got {this} and {other}"),
-            BadInput("None", call(old_cell=None), rf"{OP}: argument 'old_cell' must be a tensor, got NoneType",
-                     TypeError),
-            BadInput("list", call(bias=[0.0] * 384), rf"{OP}: argument 'bias' must be a tensor, got list",
-                     TypeError),
+            BadInput(
+                "bias shape",
+                call(bias=torch.zeros(10, **f32)),
+                rf"^{OP}: argument 'bias' must have shape \[384\], got \[10\]$",
+            ),
+            BadInput(
+                "bias 2-D",
+                call(bias=torch.zeros(1, 384, **f32)),
+                rf"{OP}: argument 'bias' must have shape \[384\], got \[1, 384\]",
+            ),
+            BadInput(
+                "weights shape",
+                call(weights=torch.zeros(384, 128, **f32)),
+                rf"{OP}: argument 'weights' must have shape \[384, 160\], got \[384, 128\]",
+            ),
+            BadInput(
+                "weights transposed",
+                call(weights=torch.zeros(160, 384, **f32)),
+                rf"{OP}: argument 'weights' must have shape \[384, 160\], got \[160, 384\]",
+            ),
+            BadInput(
+                "old_h batch",
+                call(old_h=torch.zeros(15, 128, **f32)),
+                rf"{OP}: argument 'old_h' must have shape \[16, \*\], got \[15, 128\]",
+            ),
+            BadInput(
+                "old_cell state",
+                call(old_cell=torch.zeros(16, 127, **f32)),
+                rf"{OP}: argument 'old_cell' must have shape \[16, 128\], got \[16, 127\]",
+            ),
+            BadInput(
+                "input 1-D",
+                call(input=torch.zeros(32, **f32)),
+                rf"{OP}: argument 'input' must have shape \[\*, \*\], got \[32\]",
+            ),
+            BadInput(
+                "weights dtype",
+                call(weights=torch.zeros(384, 160, dtype=torch.float64, device=device)),
+                rf"{OP}: arguments 'input' and 'weights' must have the same dtype, got float32 and float64",
+            ),
+            BadInput(
+                "old_cell dtype",
+                call(old_cell=torch.zeros(16, 128, dtype=torch.bfloat16, device=device)),
+                rf"{OP}: arguments 'input' and 'old_cell' must have the same dtype, got float32 and bfloat16",
+            ),
+            BadInput(
+                "integer input",
+                lambda: lltm(*(t.long() for t in make_args(2, 3, 4, device=device))),
+                rf"{OP}: argument 'input' must be a floating-point tensor .*got int64",
+            ),
+            BadInput(
+                "weights device",
+                call(weights=torch.zeros(384, 160, device=other)),
+                rf"{OP}: arguments 'input' and 'weights' must be on the same device, got {this} and {other}",
+            ),
+            BadInput(
+                "old_cell device",
+                call(old_cell=torch.zeros(16, 128, device=other)),
+                rf"{OP}: arguments 'input' and 'old_cell' must be on the same device, got {this} and {other}",
+            ),
+            BadInput(
+                "None", call(old_cell=None), rf"{OP}: argument 'old_cell' must be a tensor, got NoneType", TypeError
+            ),
+            BadInput("list", call(bias=[0.0] * 384), rf"{OP}: argument 'bias' must be a tensor, got list", TypeError),
             # The registered ops check their own arguments (C++ kernels).
-            BadInput("cell_forward gates shape",
-                     lambda: cell_forward(z(4, 8), z(9), z(4, 3)),
-                     r"lltm_op.cell_forward: argument 'gates' must have shape \[4, 9\], got \[4, 8\]"),
-            BadInput("cell_forward bias shape",
-                     lambda: cell_forward(z(4, 9), z(1, 9), z(4, 3)),
-                     r"lltm_op.cell_forward: argument 'bias' must have shape \[9\], got \[1, 9\]"),
-            BadInput("cell_forward dtype",
-                     lambda: cell_forward(z(4, 9), z(9), z(4, 3, dtype=torch.float64)),
-                     r"lltm_op.cell_forward: arguments 'gates' and 'old_cell' must have the same dtype, "
-                     r"got float32 and float64"),
-            BadInput("cell_forward int",
-                     lambda: cell_forward(z(4, 9, dtype=torch.int32), z(9), z(4, 3)),
-                     r"lltm_op.cell_forward: argument 'gates' must be a floating-point tensor"),
-            BadInput("cell_forward device",
-                     lambda: cell_forward(z(4, 9), z(9, device=other), z(4, 3)),
-                     rf"lltm_op.cell_forward: arguments 'gates' and 'bias' must be on the same device, "
-                     rf"got {this} and {other}"),
-            BadInput("cell_backward grad shape",
-                     lambda: cell_backward(z(4, 2), None, z(4, 9), z(9), z(4, 3)),
-                     r"lltm_op.cell_backward: argument 'grad_h' must have shape \[4, 3\], got \[4, 2\]"),
-            BadInput("cell_backward grad dtype",
-                     lambda: cell_backward(None, z(4, 3, dtype=torch.float16), z(4, 9), z(9), z(4, 3)),
-                     r"lltm_op.cell_backward: arguments 'gates' and 'grad_cell' must have the same dtype"),
-            BadInput("cell_backward_from_new_cell new_cell shape",
-                     lambda: cell_backward_new(None, None, z(4, 9), z(9), z(4)),
-                     r"lltm_op.cell_backward_from_new_cell: argument 'new_cell' must have shape \[\*, \*\], "
-                     r"got \[4\]"),
-            BadInput("cell_backward_from_new_cell gates shape",
-                     lambda: cell_backward_new(None, None, z(4, 8), z(9), z(4, 3)),
-                     r"lltm_op.cell_backward_from_new_cell: argument 'gates' must have shape \[4, 9\], got \[4, 8\]"),
+            BadInput(
+                "cell_forward gates shape",
+                lambda: cell_forward(z(4, 8), z(9), z(4, 3)),
+                r"lltm_op.cell_forward: argument 'gates' must have shape \[4, 9\], got \[4, 8\]",
+            ),
+            BadInput(
+                "cell_forward bias shape",
+                lambda: cell_forward(z(4, 9), z(1, 9), z(4, 3)),
+                r"lltm_op.cell_forward: argument 'bias' must have shape \[9\], got \[1, 9\]",
+            ),
+            BadInput(
+                "cell_forward dtype",
+                lambda: cell_forward(z(4, 9), z(9), z(4, 3, dtype=torch.float64)),
+                r"lltm_op.cell_forward: arguments 'gates' and 'old_cell' must have the same dtype, "
+                r"got float32 and float64",
+            ),
+            BadInput(
+                "cell_forward int",
+                lambda: cell_forward(z(4, 9, dtype=torch.int32), z(9), z(4, 3)),
+                r"lltm_op.cell_forward: argument 'gates' must be a floating-point tensor",
+            ),
+            BadInput(
+                "cell_forward device",
+                lambda: cell_forward(z(4, 9), z(9, device=other), z(4, 3)),
+                rf"lltm_op.cell_forward: arguments 'gates' and 'bias' must be on the same device, "
+                rf"got {this} and {other}",
+            ),
+            BadInput(
+                "cell_backward grad shape",
+                lambda: cell_backward(z(4, 2), None, z(4, 9), z(9), z(4, 3)),
+                r"lltm_op.cell_backward: argument 'grad_h' must have shape \[4, 3\], got \[4, 2\]",
+            ),
+            BadInput(
+                "cell_backward grad dtype",
+                lambda: cell_backward(None, z(4, 3, dtype=torch.float16), z(4, 9), z(9), z(4, 3)),
+                r"lltm_op.cell_backward: arguments 'gates' and 'grad_cell' must have the same dtype",
+            ),
+            BadInput(
+                "cell_backward_from_new_cell new_cell shape",
+                lambda: cell_backward_new(None, None, z(4, 9), z(9), z(4)),
+                r"lltm_op.cell_backward_from_new_cell: argument 'new_cell' must have shape \[\*, \*\], "
+                r"got \[4\]",
+            ),
+            BadInput(
+                "cell_backward_from_new_cell gates shape",
+                lambda: cell_backward_new(None, None, z(4, 8), z(9), z(4, 3)),
+                r"lltm_op.cell_backward_from_new_cell: argument 'gates' must have shape \[4, 9\], got \[4, 8\]",
+            ),
             # 3 * state must not wrap around in the shape checks.
-            BadInput("cell_forward state size overflow",
-                     lambda: cell_forward(z(0, 6), z(6), z(0, 2**62 + 2)),
-                     r"lltm_op.cell_forward: argument 'old_cell' has 4611686018427387906 columns \(the state "
-                     r"size\); 3 times that overflows int64"),
-            BadInput("cell_backward_from_new_cell state size overflow",
-                     lambda: cell_backward_new(None, None, z(0, 6), z(6), z(0, 2**62 + 2)),
-                     r"lltm_op.cell_backward_from_new_cell: argument 'new_cell' has 4611686018427387906 columns"),
+            BadInput(
+                "cell_forward state size overflow",
+                lambda: cell_forward(z(0, 6), z(6), z(0, 2**62 + 2)),
+                r"lltm_op.cell_forward: argument 'old_cell' has 4611686018427387906 columns \(the state "
+                r"size\); 3 times that overflows int64",
+            ),
+            BadInput(
+                "cell_backward_from_new_cell state size overflow",
+                lambda: cell_backward_new(None, None, z(0, 6), z(6), z(0, 2**62 + 2)),
+                r"lltm_op.cell_backward_from_new_cell: argument 'new_cell' has 4611686018427387906 columns",
+            ),
             # A failed allocation names the op and the size asked for.
-            BadInput("cell_forward out of memory",
-                     lambda: cell_forward(z(1, 3).expand(2**50, 3), z(3), z(1, 1).expand(2**50, 1)),
-                     r"lltm_op.cell_forward: could not allocate an output, a float32 tensor of shape "
-                     r"\[1125899906842624, 1\] \(4503599627370496 bytes\) on (cpu|cuda:\d+) \(out of memory\?\)"),
-            BadInput("cell_backward out of memory",
-                     lambda: cell_backward(None, None, z(1, 3).expand(2**50, 3), z(3), z(1, 1).expand(2**50, 1)),
-                     r"lltm_op.cell_backward: could not allocate an output, a float32 tensor of shape "
-                     r"\[1125899906842624, 3\] \(13510798882111488 bytes\)"),
+            BadInput(
+                "cell_forward out of memory",
+                lambda: cell_forward(z(1, 3).expand(2**50, 3), z(3), z(1, 1).expand(2**50, 1)),
+                r"lltm_op.cell_forward: could not allocate an output, a float32 tensor of shape "
+                r"\[1125899906842624, 1\] \(4503599627370496 bytes\) on (cpu|cuda:\d+) \(out of memory\?\)",
+            ),
+            BadInput(
+                "cell_backward out of memory",
+                lambda: cell_backward(None, None, z(1, 3).expand(2**50, 3), z(3), z(1, 1).expand(2**50, 1)),
+                r"lltm_op.cell_backward: could not allocate an output, a float32 tensor of shape "
+                r"\[1125899906842624, 3\] \(13510798882111488 bytes\)",
+            ),
         ]
 
 
@@ -289,8 +347,10 @@ def test_cell_special_values(device, dtype):
     come out of the forward kernel as they do from torch's own ops (for the
     half types: from torch's ops in float32, rounded once at the end)."""
     device = need(device)
-    special = torch.tensor([float("nan"), float("inf"), float("-inf"), -0.0, 0.0, 1e-40, -1e-40,
-                            3e38, -3e38, 80.0, -80.0, 1.0, -1.0], dtype=torch.float64).to(dtype)
+    special = torch.tensor(
+        [float("nan"), float("inf"), float("-inf"), -0.0, 0.0, 1e-40, -1e-40, 3e38, -3e38, 80.0, -80.0, 1.0, -1.0],
+        dtype=torch.float64,
+    ).to(dtype)
     n = special.numel()
     # Every special value in every gate and in old_cell, against every other.
     grid = torch.cartesian_prod(*[torch.arange(n)] * 4)
@@ -316,8 +376,9 @@ def test_cell_float32_math_is_as_accurate_as_torch(device, scale):
     device = need(device)
     gen = torch.Generator().manual_seed(int(scale * 100))
     n = 1 << 16
-    gates, old_cell, gh, gc = (torch.randn(n, k, generator=gen) * s for k, s in
-                               ((24, scale), (8, scale), (8, 1.0), (8, 1.0)))
+    gates, old_cell, gh, gc = (
+        torch.randn(n, k, generator=gen) * s for k, s in ((24, scale), (8, scale), (8, 1.0), (8, 1.0))
+    )
     bias = torch.randn(24, generator=gen) * 0.1
     args = [t.to(device) for t in (gates, bias, old_cell)]
     grads = [t.to(device) for t in (gh, gc)]
@@ -432,13 +493,15 @@ def test_saves_only_what_the_math_needs():
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         new_h, new_c = lltm(*args)
     shapes = sorted(tuple(t.shape) for t in saved)
-    assert shapes == sorted([
-        (batch, state + features),  # X
-        (state + features, 3 * state),  # weights.t() (a view, no copy)
-        (batch, 3 * state),  # gates
-        (3 * state,),  # bias (the caller's tensor)
-        (batch, state),  # new_cell (the output itself)
-    ]), shapes
+    assert shapes == sorted(
+        [
+            (batch, state + features),  # X
+            (state + features, 3 * state),  # weights.t() (a view, no copy)
+            (batch, 3 * state),  # gates
+            (3 * state,),  # bias (the caller's tensor)
+            (batch, state),  # new_cell (the output itself)
+        ]
+    ), shapes
     for arg in (args[1], args[2]):  # weights, bias: no copies
         assert any(t.data_ptr() == arg.data_ptr() for t in saved)
     assert any(t.data_ptr() == new_c.data_ptr() for t in saved)
@@ -617,9 +680,11 @@ def test_autocast(device):
         assert rel_err(a.grad, r.grad) < 2e-2
 
 
-AUTOCAST = [("cpu", torch.bfloat16),
-            pytest.param("cuda", torch.float16, marks=pytest.mark.cuda),
-            pytest.param("cuda", torch.bfloat16, marks=pytest.mark.cuda)]
+AUTOCAST = [
+    ("cpu", torch.bfloat16),
+    pytest.param("cuda", torch.float16, marks=pytest.mark.cuda),
+    pytest.param("cuda", torch.bfloat16, marks=pytest.mark.cuda),
+]
 
 
 @pytest.mark.parametrize("device, dtype", AUTOCAST)
@@ -691,17 +756,24 @@ def test_state_size_overflow_is_rejected_like_the_fake_kernel():
     """3 * state must not wrap around: the kernel rejects what the fake
     kernel (meta tensors, torch.compile) rejects, with the same message."""
     for device in ("cpu", "meta"):
+
         def z(*shape):
             return torch.zeros(*shape, device=device)
 
         for state in (2**62 + 2, 2**63 - 1, (2**63 - 1) // 3 + 1):
-            with pytest.raises(RuntimeError, match=rf"^lltm_op.cell_forward: argument 'old_cell' has {state} "
-                               r"columns \(the state size\); 3 times that overflows int64$"):
+            with pytest.raises(
+                RuntimeError,
+                match=rf"^lltm_op.cell_forward: argument 'old_cell' has {state} "
+                r"columns \(the state size\); 3 times that overflows int64$",
+            ):
                 cell_forward(z(0, 6), z(6), z(0, state))
             with pytest.raises(RuntimeError, match=rf"^lltm_op.cell_backward: argument 'old_cell' has {state}"):
                 cell_backward(None, None, z(0, 6), z(6), z(0, state))
-            with pytest.raises(RuntimeError, match=rf"^lltm_op.cell_backward_from_new_cell: argument 'new_cell' "
-                               rf"has {state}"):
+            with pytest.raises(
+                RuntimeError,
+                match=rf"^lltm_op.cell_backward_from_new_cell: argument 'new_cell' "
+                rf"has {state}",
+            ):
                 cell_backward_new(None, None, z(0, 6), z(6), z(0, state))
         # The largest state size that fits is still checked as usual.
         state = (2**63 - 1) // 3
@@ -884,7 +956,6 @@ def test_cuda_grid_stride_covers_large_inputs(dtype):
         assert rel_err(g.cpu(), w) <= limit
 
 
-
 @pytest.mark.parametrize("state, rows_per_block", [(1, 256), (3, 64)])
 def test_cuda_batch_beyond_65535_blocks_per_grid_dimension(state, rows_per_block):
     """A batch so long that one block per `rows_per_block` rows (the backward's
@@ -921,6 +992,7 @@ def test_cuda_backward_one_or_many_block_rows(dtype, state):
         got = cell_backward(*(t.to("cuda", dtype) for t in (*grads, *args)))
         for name, g, w in zip(("d_gates", "d_bias", "d_old_cell"), got, want):
             assert rel_err(g.cpu().double(), w) <= limit, (batch, name)
+
 
 def test_cuda_kernels_follow_the_current_stream():
     if not cuda_usable(BUILD_INFO):

@@ -24,8 +24,8 @@ Tensor round_ste_cuda(Tensor x) {
   const cudaStream_t stream = opscommon::current_stream(device);
   opscommon::dispatch_floating(xc.scalar_type(), kRoundSte, [&](auto tag) {
     using T = decltype(tag);
-    opscommon::launch_map(xc.numel(), device, stream, RoundHalfUp<T>{},
-                          out.mutable_data_ptr<T>(), xc.const_data_ptr<T>());
+    opscommon::launch_map(xc.numel(), device, stream, RoundHalfUp<T>{}, out.mutable_data_ptr<T>(),
+                          xc.const_data_ptr<T>());
   });
   return out;
 }

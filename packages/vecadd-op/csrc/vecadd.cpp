@@ -16,8 +16,8 @@ namespace {
 void run_cpu(Tensor& dst, const Tensor& a, const Tensor& b) {
   opscommon::dispatch_floating_and_int(a.scalar_type(), kAdd, [&](auto tag) {
     using T = decltype(tag);
-    opscommon::cpu_map(dst.numel(), AddOp<T>{}, dst.mutable_data_ptr<T>(),
-                       a.const_data_ptr<T>(), b.const_data_ptr<T>());
+    opscommon::cpu_map(dst.numel(), AddOp<T>{}, dst.mutable_data_ptr<T>(), a.const_data_ptr<T>(),
+                       b.const_data_ptr<T>());
   });
 }
 

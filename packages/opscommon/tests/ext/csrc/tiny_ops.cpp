@@ -27,10 +27,10 @@ Tensor axpy(Tensor x, Tensor y) {
   opscommon::check_same_device(kOp, "x", x, "y", y);
   opscommon::check_same_dtype(kOp, "x", x, "y", y);
   opscommon::check_same_shape(kOp, "x", x, "y", y);
-  opscommon::check_dtype_in(kOp, "x", x,
-                            {opscommon::ScalarType::Float, opscommon::ScalarType::Double,
-                             opscommon::ScalarType::Half, opscommon::ScalarType::BFloat16,
-                             opscommon::ScalarType::Int, opscommon::ScalarType::Long});
+  opscommon::check_dtype_in(
+      kOp, "x", x,
+      {opscommon::ScalarType::Float, opscommon::ScalarType::Double, opscommon::ScalarType::Half,
+       opscommon::ScalarType::BFloat16, opscommon::ScalarType::Int, opscommon::ScalarType::Long});
   const Tensor xc = opscommon::contiguous_of(x);
   const Tensor yc = opscommon::contiguous_of(y);
   Tensor out = opscommon::empty_contiguous_like(xc);

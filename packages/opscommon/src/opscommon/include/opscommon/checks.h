@@ -36,26 +36,37 @@ std::string concat(const Args&... args) {
 }  // namespace detail
 
 // Throws std::runtime_error (RuntimeError in Python) when cond is false.
-#define OPSCOMMON_CHECK(cond, ...)                                 \
-  do {                                                             \
-    if (!(cond)) {                                                 \
+#define OPSCOMMON_CHECK(cond, ...)                                        \
+  do {                                                                    \
+    if (!(cond)) {                                                        \
       throw std::runtime_error(::opscommon::detail::concat(__VA_ARGS__)); \
-    }                                                              \
+    }                                                                     \
   } while (0)
 
 inline std::string dtype_name(ScalarType t) {
   switch (t) {
-    case ScalarType::Half: return "float16";
-    case ScalarType::BFloat16: return "bfloat16";
-    case ScalarType::Float: return "float32";
-    case ScalarType::Double: return "float64";
-    case ScalarType::Int: return "int32";
-    case ScalarType::Long: return "int64";
-    case ScalarType::Short: return "int16";
-    case ScalarType::Char: return "int8";
-    case ScalarType::Byte: return "uint8";
-    case ScalarType::Bool: return "bool";
-    default: return torch::headeronly::toString(t);
+    case ScalarType::Half:
+      return "float16";
+    case ScalarType::BFloat16:
+      return "bfloat16";
+    case ScalarType::Float:
+      return "float32";
+    case ScalarType::Double:
+      return "float64";
+    case ScalarType::Int:
+      return "int32";
+    case ScalarType::Long:
+      return "int64";
+    case ScalarType::Short:
+      return "int16";
+    case ScalarType::Char:
+      return "int8";
+    case ScalarType::Byte:
+      return "uint8";
+    case ScalarType::Bool:
+      return "bool";
+    default:
+      return torch::headeronly::toString(t);
   }
 }
 
@@ -72,8 +83,8 @@ inline std::string device_str(const Tensor& t) {
 }
 
 inline bool is_floating(ScalarType t) {
-  return t == ScalarType::Half || t == ScalarType::BFloat16 ||
-         t == ScalarType::Float || t == ScalarType::Double;
+  return t == ScalarType::Half || t == ScalarType::BFloat16 || t == ScalarType::Float ||
+         t == ScalarType::Double;
 }
 
 inline void check_defined(const char* op, const char* arg, const Tensor& t) {
@@ -98,11 +109,11 @@ inline void check_dtype_in(const char* op, const char* arg, const Tensor& t,
                   "; supported dtypes are ", names);
 }
 
-inline void check_same_dtype(const char* op, const char* arg_a, const Tensor& a,
-                             const char* arg_b, const Tensor& b) {
-  OPSCOMMON_CHECK(a.scalar_type() == b.scalar_type(), op, ": arguments '", arg_a, "' and '",
-                  arg_b, "' must have the same dtype, got ", dtype_name(a.scalar_type()),
-                  " and ", dtype_name(b.scalar_type()));
+inline void check_same_dtype(const char* op, const char* arg_a, const Tensor& a, const char* arg_b,
+                             const Tensor& b) {
+  OPSCOMMON_CHECK(a.scalar_type() == b.scalar_type(), op, ": arguments '", arg_a, "' and '", arg_b,
+                  "' must have the same dtype, got ", dtype_name(a.scalar_type()), " and ",
+                  dtype_name(b.scalar_type()));
 }
 
 inline void check_cpu_or_cuda(const char* op, const char* arg, const Tensor& t) {
@@ -110,10 +121,10 @@ inline void check_cpu_or_cuda(const char* op, const char* arg, const Tensor& t) 
                   "' must be on a CPU or CUDA device");
 }
 
-inline void check_same_device(const char* op, const char* arg_a, const Tensor& a,
-                              const char* arg_b, const Tensor& b) {
-  const bool same = a.is_cpu() ? b.is_cpu()
-                               : (b.is_cuda() && a.is_cuda() && a.get_device() == b.get_device());
+inline void check_same_device(const char* op, const char* arg_a, const Tensor& a, const char* arg_b,
+                              const Tensor& b) {
+  const bool same =
+      a.is_cpu() ? b.is_cpu() : (b.is_cuda() && a.is_cuda() && a.get_device() == b.get_device());
   OPSCOMMON_CHECK(same, op, ": arguments '", arg_a, "' and '", arg_b,
                   "' must be on the same device, got ", device_str(a), " and ", device_str(b));
 }
@@ -126,8 +137,8 @@ inline bool same_shape(const Tensor& a, const Tensor& b) {
   return true;
 }
 
-inline void check_same_shape(const char* op, const char* arg_a, const Tensor& a,
-                             const char* arg_b, const Tensor& b) {
+inline void check_same_shape(const char* op, const char* arg_a, const Tensor& a, const char* arg_b,
+                             const Tensor& b) {
   OPSCOMMON_CHECK(same_shape(a, b), op, ": arguments '", arg_a, "' and '", arg_b,
                   "' must have the same shape, got ", shape_str(a), " and ", shape_str(b));
 }
@@ -152,8 +163,7 @@ inline void check_shape(const char* op, const char* arg, const Tensor& t,
     want += (d++ ? ", " : "") + (e >= 0 ? std::to_string(e) : std::string("*"));
   }
   want += "]";
-  OPSCOMMON_CHECK(ok, op, ": argument '", arg, "' must have shape ", want, ", got ",
-                  shape_str(t));
+  OPSCOMMON_CHECK(ok, op, ": argument '", arg, "' must have shape ", want, ", got ", shape_str(t));
 }
 
 inline void check_contiguous(const char* op, const char* arg, const Tensor& t) {

@@ -15,12 +15,12 @@
 
 namespace opscommon {
 
-#define OPSCOMMON_CUDA_CHECK(expr)                                                  \
-  do {                                                                              \
-    cudaError_t opscommon_err_ = (expr);                                            \
-    OPSCOMMON_CHECK(opscommon_err_ == cudaSuccess, "CUDA error: ",                  \
-                    cudaGetErrorString(opscommon_err_), " (", #expr, ") at ",       \
-                    __FILE__, ":", __LINE__);                                       \
+#define OPSCOMMON_CUDA_CHECK(expr)                                                            \
+  do {                                                                                        \
+    cudaError_t opscommon_err_ = (expr);                                                      \
+    OPSCOMMON_CHECK(opscommon_err_ == cudaSuccess,                                            \
+                    "CUDA error: ", cudaGetErrorString(opscommon_err_), " (", #expr, ") at ", \
+                    __FILE__, ":", __LINE__);                                                 \
   } while (0)
 
 // After every kernel launch: launch-configuration errors surface here.
@@ -28,9 +28,9 @@ namespace opscommon {
 
 // Grid-stride loop with 64-bit indices: any grid covers any n, including
 // n > 2^31, and the launch can be capped below one thread per element.
-#define OPSCOMMON_KERNEL_LOOP(i, n)                                             \
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; \
-       i < (n); i += static_cast<int64_t>(blockDim.x) * gridDim.x)
+#define OPSCOMMON_KERNEL_LOOP(i, n)                                                      \
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
+       i += static_cast<int64_t>(blockDim.x) * gridDim.x)
 
 using DeviceGuard = torch::stable::accelerator::DeviceGuard;
 

@@ -19,10 +19,18 @@ using BFloat16 = torch::headeronly::BFloat16;
 template <typename F>
 void dispatch_floating(ScalarType t, const char* op, F&& f) {
   switch (t) {
-    case ScalarType::Half: f(Half{}); return;
-    case ScalarType::BFloat16: f(BFloat16{}); return;
-    case ScalarType::Float: f(float{}); return;
-    case ScalarType::Double: f(double{}); return;
+    case ScalarType::Half:
+      f(Half{});
+      return;
+    case ScalarType::BFloat16:
+      f(BFloat16{});
+      return;
+    case ScalarType::Float:
+      f(float{});
+      return;
+    case ScalarType::Double:
+      f(double{});
+      return;
     default:
       OPSCOMMON_CHECK(false, op, ": unsupported dtype ", dtype_name(t),
                       " (expected float16, bfloat16, float32 or float64)");
@@ -33,16 +41,31 @@ void dispatch_floating(ScalarType t, const char* op, F&& f) {
 template <typename F>
 void dispatch_floating_and_int(ScalarType t, const char* op, F&& f) {
   switch (t) {
-    case ScalarType::Int: f(int32_t{}); return;
-    case ScalarType::Long: f(int64_t{}); return;
-    default: dispatch_floating(t, op, f);
+    case ScalarType::Int:
+      f(int32_t{});
+      return;
+    case ScalarType::Long:
+      f(int64_t{});
+      return;
+    default:
+      dispatch_floating(t, op, f);
   }
 }
 
 // Arithmetic type for a storage type: half types compute in float.
-template <typename T> struct acc_type { using type = T; };
-template <> struct acc_type<Half> { using type = float; };
-template <> struct acc_type<BFloat16> { using type = float; };
-template <typename T> using acc_t = typename acc_type<T>::type;
+template <typename T>
+struct acc_type {
+  using type = T;
+};
+template <>
+struct acc_type<Half> {
+  using type = float;
+};
+template <>
+struct acc_type<BFloat16> {
+  using type = float;
+};
+template <typename T>
+using acc_t = typename acc_type<T>::type;
 
 }  // namespace opscommon

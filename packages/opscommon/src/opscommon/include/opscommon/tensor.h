@@ -65,7 +65,8 @@ inline std::string sizes_and_bytes(const std::vector<int64_t>& sizes, int64_t el
     if (!overflow && __builtin_mul_overflow(n, sizes[d], &n)) overflow = true;
   }
   s += "]";
-  if (element_size > 0) s += overflow ? " (more than 2^63 bytes)" : " (" + std::to_string(n) + " bytes)";
+  if (element_size > 0)
+    s += overflow ? " (more than 2^63 bytes)" : " (" + std::to_string(n) + " bytes)";
   return s;
 }
 
@@ -108,9 +109,9 @@ inline Tensor empty_contiguous(const char* op, const Tensor& like,
   OPSCOMMON_SHIM_CHECK(aoti_torch_get_device_type(like.get(), &device_type));
   OPSCOMMON_SHIM_CHECK(aoti_torch_get_device_index(like.get(), &device_index));
   AtenTensorHandle handle = nullptr;
-  if (overflow || aoti_torch_empty_strided(ndim, sizes.data(), strides.data(),
-                                           dtype.value_or(like_dtype), device_type,
-                                           device_index, &handle) != AOTI_TORCH_SUCCESS) {
+  if (overflow ||
+      aoti_torch_empty_strided(ndim, sizes.data(), strides.data(), dtype.value_or(like_dtype),
+                               device_type, device_index, &handle) != AOTI_TORCH_SUCCESS) {
     std::string name;
     int64_t size = 0;
     detail::dtype_code_info(dtype.value_or(like_dtype), name, size);

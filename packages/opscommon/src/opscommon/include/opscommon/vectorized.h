@@ -80,8 +80,8 @@ __global__ void map_kernel(int64_t n, Op op, T* out, const In*... in) {
   }
   // Scalar tail: the last n % VEC elements (all of them when VEC == 1).
   const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
-  for (int64_t i = n_vec * VEC + static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-       i < n; i += stride) {
+  for (int64_t i = n_vec * VEC + static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
     out[i] = op(in[i]...);
   }
 }
