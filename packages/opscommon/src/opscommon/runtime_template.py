@@ -199,6 +199,43 @@ def differentiating(*args: Any) -> bool:
     return (_grad_enabled() and _any_requires_grad(*args)) or _forward_ad._current_level >= 0 or functorch_active()
 
 
+class _CtxRecorder:
+    """Stands in for ``ctx`` while a Function's forward runs under torch.func:
+    records what the forward puts on it, for ``replay`` onto the real ctx."""
+
+    _METHODS = (
+        "save_for_backward",
+        "save_for_forward",
+        "set_materialize_grads",
+        "mark_non_differentiable",
+        "mark_dirty",
+    )
+
+    def __init__(self) -> None:
+        object.__setattr__(self, "_calls", [])
+        object.__setattr__(self, "_attrs", {})
+
+    def __getattr__(self, name: str) -> Any:
+        if name in _CtxRecorder._METHODS:
+            return lambda *args: self._calls.append((name, args))
+        try:
+            return self._attrs[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        self._attrs[name] = value
+
+    def replay(self, ctx: Any) -> None:
+        for name, args in self._calls:
+            getattr(ctx, name)(*args)
+        for name, value in self._attrs.items():
+            setattr(ctx, name, value)
+
+
+_RECORDED: list = []
+
+
 def register_autograd(qualname: str, function: type) -> None:
     """Make ``function`` (an autograd.Function taking the op's arguments in
     schema order, with ``forward`` calling the op below autograd, and
@@ -213,14 +250,33 @@ def register_autograd(qualname: str, function: type) -> None:
     # on to the lower levels with grad and forward grad on (the lower level
     # restores its own modes: off only where it was entered with them off),
     # as torch.func's own generated single-level Functions do.
-    def level_forward(ctx, *args):
+    # torch >= 2.14 applies a Function under torch.func only when it has
+    # setup_context: the forward runs on a recorder that setup_context
+    # replays onto the real ctx (a stack: lower levels' applies nest inside).
+    def level_forward(*args):
+        recorder = _CtxRecorder()
         with torch.enable_grad(), _set_fwd_grad_enabled(True):
-            return function.forward(ctx, *args)
+            out = function.forward(recorder, *args)
+        _RECORDED.append(recorder)
+        return out
 
-    level_function = type(function.__name__ + "Level", (function,), {"forward": staticmethod(level_forward)})
-    # The apply of torch.autograd.Function's base: Function.apply would start
-    # the transforms over, from the top.
-    single_level_apply = super(torch.autograd.Function, level_function).apply
+    def level_setup_context(ctx, inputs, output):
+        _RECORDED.pop().replay(ctx)
+
+    # A single-level Function, as torch.func generates for autograd.Functions.
+    level_function = type(
+        function.__name__ + "Level",
+        (torch.autograd.function._SingleLevelFunction,),
+        {
+            "forward": staticmethod(level_forward),
+            "setup_context": staticmethod(level_setup_context),
+            "backward": staticmethod(function.backward),
+            "jvp": staticmethod(function.jvp),
+        },
+    )
+    # The C++ apply (not Function.apply, which would start the transforms
+    # over, from the top).
+    single_level_apply = level_function.apply
     after_autograd = torch._C._after_autograd_keyset
     fast_apply = function_apply(function)
 
