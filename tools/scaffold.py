@@ -32,13 +32,15 @@ SKIP = ("bench/results-",)  # measured results of the template op: not the new o
 def _template_files(root: Path) -> list[Path]:
     """Tracked files of the template package (git), else every file but build output."""
     folder = root / "packages" / TEMPLATE
-    try:
-        out = subprocess.run(
-            ["git", "ls-files", "-z", "."], cwd=folder, capture_output=True, text=True, check=True
-        ).stdout
-        files = [folder / f for f in out.split("\0") if f]
-    except (OSError, subprocess.CalledProcessError):
-        files = [p for p in folder.rglob("*") if p.is_file()]
+    files = [p for p in folder.rglob("*") if p.is_file()]
+    if (root / ".git").exists():  # else a copy, maybe inside another checkout's ignored folders
+        try:
+            out = subprocess.run(
+                ["git", "ls-files", "-z", "."], cwd=folder, capture_output=True, text=True, check=True
+            ).stdout
+            files = [folder / f for f in out.split("\0") if f]
+        except (OSError, subprocess.CalledProcessError):
+            pass
     ignored = ("build", "__pycache__", ".egg-info", "_runtime.py", ".so", "_opscommon")
     return [
         f
