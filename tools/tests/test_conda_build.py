@@ -30,6 +30,21 @@ def test_build_order_of_some_packages_keeps_opscommon_first():
         cb.build_order(["no-such-op"])
 
 
+def test_cuda_versions_bare_means_every_toolkit_of_the_matrix():
+    m = load()
+    assert cb.cuda_versions(m, None) == []
+    assert cb.cuda_versions(m, "") == list(m.toolkits)
+    last = list(m.toolkits)[-1]
+    assert cb.cuda_versions(m, f" {last} ") == [last]
+    with pytest.raises(SystemExit, match="no CUDA toolkit 1.0"):
+        cb.cuda_versions(m, "1.0")
+
+
+def test_cli_find_links_repeat():
+    args = cb.parse_args(["--find-links", "/a", "--find-links=/b", "cuda"])
+    assert (args.find_links, args.cuda) == (["/a", "/b"], "")
+
+
 def test_cli_options_and_nox_words_mean_the_same():
     a = cb.parse_args(["--cuda", "--render-only", "--packages=round-op,vecadd-op"])
     b = cb.parse_args(["cuda", "render", "round-op", "vecadd-op"])
