@@ -44,6 +44,10 @@ def test_cpu_when_asked():
 def test_auto_picks_cuda_when_everything_matches():
     v = choose_variant("auto", "13.0", "/x/nvcc", (13, 0))
     assert v.cuda and v.cuda_version == "13.0"
+    # the nvcc version read once here names the build: 0.1.0+cu130
+    assert v.nvcc_version == (13, 0) and build.variant_label(v, v.nvcc_version) == "cu130"
+    v = choose_variant("1", "12.8", "/x/nvcc", (12, 4))
+    assert v.nvcc_version == (12, 4) and build.variant_label(v, v.nvcc_version) == "cu124"
 
 
 @pytest.mark.parametrize(

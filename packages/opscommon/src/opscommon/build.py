@@ -100,6 +100,7 @@ class Variant:
     cuda: bool
     reason: str
     cuda_version: str | None = None  # torch.version.cuda for a CUDA build
+    nvcc_version: tuple[int, int] | None = None  # (major, minor) of the nvcc a CUDA build uses
 
 
 def choose_variant(
@@ -140,10 +141,10 @@ def choose_variant(
                 + "; and ".join(problems)
                 + f". Set {CUDA_ENV}=0 to build the CPU variant instead."
             )
-        return Variant(True, f"{CUDA_ENV}=1 and nvcc {nvcc_ver} matches torch CUDA {torch_cuda}", torch_cuda)
+        return Variant(True, f"{CUDA_ENV}=1 and nvcc {nvcc_ver} matches torch CUDA {torch_cuda}", torch_cuda, nvcc_ver)
     if problems:
         return Variant(False, f"{CUDA_ENV}=auto chose CPU because " + "; and ".join(problems))
-    return Variant(True, f"{CUDA_ENV}=auto found nvcc {nvcc_ver} and torch CUDA {torch_cuda}", torch_cuda)
+    return Variant(True, f"{CUDA_ENV}=auto found nvcc {nvcc_ver} and torch CUDA {torch_cuda}", torch_cuda, nvcc_ver)
 
 
 def detect_variant(env: Mapping[str, str] | None = None) -> Variant:
@@ -323,8 +324,7 @@ def setup_kwargs(package: str, version: str, root: str | os.PathLike) -> dict:
     from torch.utils.cpp_extension import BuildExtension
 
     variant = detect_variant()
-    nvcc = find_nvcc() if variant.cuda else None
-    label = variant_label(variant, nvcc_version(nvcc) if nvcc else None)
+    label = variant_label(variant, variant.nvcc_version)
     info = build_info(package, version, variant, label)
 
     class BuildOpExtension(BuildExtension.with_options(use_ninja=True)):
