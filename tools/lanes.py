@@ -58,7 +58,7 @@ def release(session: Any, results: Results, built: list[str], work: Path, dest: 
         (wheel,) = work.glob(f"{import_name(package)}-*.whl")
         try:
             fixed = wheels.repair(session, wheel, dest)
-        except Exception as exc:  # auditwheel refused: the binary is not portable
+        except (steps.CommandFailed, ValueError) as exc:  # auditwheel refused: the binary is not portable
             results.add(package, f"{variant}: manylinux", "fail", "auditwheel repair refused", str(exc))
             continue
         wheels.audit(session, results, fixed, package, f"{variant}: manylinux")

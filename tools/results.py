@@ -211,8 +211,8 @@ def table(results_dir: Path, markdown: Path | None) -> int:
     return 1 if counts["fail"] else 0
 
 
-def summary_line(data: dict) -> str:
-    """ "tests: N passed, N failed, N skipped" of one session's results."""
+def summary_counts(data: dict) -> tuple[int, int, int]:
+    """(passed, failed, skipped) of one session's results; any failed check counts."""
     # Test counts where the session ran test suites; its other checks (builds,
     # compiles, loads) count only when they failed. Otherwise: one per check.
     with_counts = any(item.get("counts") for item in data["items"])
@@ -227,6 +227,12 @@ def summary_line(data: dict) -> str:
         elif not with_counts:
             passed += item["status"] == "pass"
             skipped += item["status"] == "skip"
+    return passed, failed, skipped
+
+
+def summary_line(data: dict) -> str:
+    """ "tests: N passed, N failed, N skipped" of one session's results."""
+    passed, failed, skipped = summary_counts(data)
     return f"{data['kind']}: {passed} passed, {failed} failed, {skipped} skipped"
 
 
@@ -236,9 +242,8 @@ def summary(path: Path) -> int:
     except (OSError, ValueError):
         print(f"{path.name}: no results (the session did not run)")
         return 1
-    line = summary_line(data)
-    print(line)
-    return 1 if " 0 failed" not in line or any(i["status"] == "fail" for i in data["items"]) else 0
+    print(summary_line(data))
+    return 1 if summary_counts(data)[1] else 0
 
 
 def main() -> int:

@@ -21,7 +21,7 @@ if __package__ in (None, ""):  # run as a file
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     __package__ = "tools"
 
-from . import ROOT
+from . import ROOT, recipes
 from .packages import import_name
 
 TEMPLATE = "round-op"
@@ -75,12 +75,13 @@ reference in `tests/`, then `nox -s tests-3.11 -- {name}`.
 """
 
 
-def new_op(name: str, root: Path = ROOT) -> list[Path]:
+def new_op(name: str) -> list[Path]:
     """Create packages/NAME and recipes/NAME; return the files written."""
     if not NAME_RE.match(name):
         raise ValueError(
             f"{name!r}: an op package is named like 'my-op' (lower case, words joined by '-', ending in '-op')"
         )
+    root = ROOT
     dest = root / "packages" / name
     if dest.exists():
         raise ValueError(f"packages/{name} exists already")
@@ -105,22 +106,8 @@ def new_op(name: str, root: Path = ROOT) -> list[Path]:
                 )
             target.write_text(text)
         written.append(target)
-    if root == ROOT or (root / "tools" / "recipes.py").exists():
-        written.append(_write_recipe(name, root))
+    written.append(recipes.write_recipe(name))  # recipes/NAME, from the one recipe template
     return written
-
-
-def _write_recipe(name: str, root: Path) -> Path:
-    """recipes/NAME/recipe.yaml from the one recipe template (tools.recipes)."""
-    from . import recipes
-
-    if root == ROOT:
-        return recipes.write_recipe(name)
-    # a copy of the repository (tests): its own tools, in a subprocess
-    subprocess.run(
-        [sys.executable, "-c", f"from tools import recipes; recipes.write_recipe({name!r})"], cwd=root, check=True
-    )
-    return root / "recipes" / name / "recipe.yaml"
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from typing import Any
 
 from . import elf
 from .results import Results
+from .steps import CommandFailed
 
 PLATFORM = "manylinux_2_28_x86_64"
 # Libraries a torch extension links but never carries: torch's wheel (and its
@@ -92,7 +93,7 @@ def audit(session: Any, results: Results, wheel: Path, package: str, check: str)
             out = session.run(*cmd, silent=True) or ""
             if cmd[0] == "auditwheel":
                 session.log(" ".join(out.split()))
-        except Exception as exc:  # nox's CommandFailed: the tool said no
+        except CommandFailed as exc:  # nox's CommandFailed: the tool said no
             problems.append(f"{cmd[0]} failed ({exc})")
     detail = "; ".join(f"{name}: " + ", ".join(f"{k}_{v}" for k, v in vers.items()) for name, vers in highest.items())
     if problems:
