@@ -16,7 +16,8 @@ import argparse
 
 import round_op
 import torch
-from opscommon.bench import Row, device_time_us, format_table, per_call_rows, write_results
+from opscommon.bench import Row, autograd_function_floor, device_time_us, format_table, per_call_rows, write_results
+from round_op import _runtime
 
 
 def composite(x: torch.Tensor) -> torch.Tensor:
@@ -78,13 +79,19 @@ def main() -> None:
 def per_call(device: str, out: str | None) -> None:
     """Per-call host cost, round_ste against torch.round; target <= 1.25x."""
     rows = []
+    # torch.round behind the same Python autograd route round_ste takes.
+    floor = autograd_function_floor(torch.round, 1, _runtime.function_apply)
     for k in (12, 20):
         x = torch.rand(1 << k, device=device) * 10
         xg = x.clone().requires_grad_(True)
         for label, t in (("", x), (", requires_grad", xg)):
             rows += per_call_rows(
                 "round_ste",
-                {"round_op": lambda t=t: round_op.round_ste(t), "torch.round": lambda t=t: torch.round(t)},
+                {
+                    "round_op": lambda t=t: round_op.round_ste(t),
+                    "torch.round": lambda t=t: torch.round(t),
+                    "torch.round in autograd.Function": lambda t=t: floor(t),
+                },
                 "float32",
                 f"2^{k}",
                 1 << k,

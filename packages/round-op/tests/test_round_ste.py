@@ -197,7 +197,7 @@ def test_fast_path_uses_private_api_with_public_fallback():
 
     # In this process: the fast route (torch's private API, present here).
     assert _runtime.using_private_api()
-    assert ops._round_ste_raw is not ops._round_ste
+    assert ops._round_ste_below_autograd.uses_private_api
     # A torch without those names: the public fallbacks, same results.
     run_with_public_api_only(
         """
@@ -206,7 +206,7 @@ import torch.autograd.forward_ad as fwAD
 import round_op
 from round_op import _runtime, ops
 assert not _runtime.using_private_api()
-assert ops._round_ste_raw is ops._round_ste
+assert not ops._round_ste_below_autograd.uses_private_api
 assert ops._apply == ops._RoundSTEFunction.apply
 x = torch.tensor([0.5, 1.5, -0.5, 2.49, -2.5])
 want = torch.floor(x + 0.5)

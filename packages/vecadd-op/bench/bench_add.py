@@ -26,7 +26,16 @@ import argparse
 
 import torch
 import vecadd_op
-from opscommon.bench import Row, device_time_us, format_table, per_call_rows, wall_time_us, write_results
+from opscommon.bench import (
+    Row,
+    autograd_function_floor,
+    device_time_us,
+    format_table,
+    per_call_rows,
+    wall_time_us,
+    write_results,
+)
+from vecadd_op import _runtime
 
 BASELINE = "torch.add"
 ROOFLINE = "copy (roofline)"
@@ -177,6 +186,8 @@ def main() -> None:
 def per_call(device: str, out: str | None) -> None:
     """Per-call host cost, vecadd_op.add against torch.add; target <= 1.25x."""
     rows = []
+    # torch.add behind the same Python autograd route vecadd_op.add takes.
+    floor = autograd_function_floor(torch.add, 2, _runtime.function_apply)
     for k in (12, 20):
         a = torch.rand(1 << k, device=device)
         b = torch.rand(1 << k, device=device)
@@ -184,7 +195,11 @@ def per_call(device: str, out: str | None) -> None:
         for label, (x, y) in (("", (a, b)), (", requires_grad", (ag, bg))):
             rows += per_call_rows(
                 "add",
-                {"vecadd_op": lambda x=x, y=y: vecadd_op.add(x, y), BASELINE: lambda x=x, y=y: torch.add(x, y)},
+                {
+                    "vecadd_op": lambda x=x, y=y: vecadd_op.add(x, y),
+                    BASELINE: lambda x=x, y=y: torch.add(x, y),
+                    "torch.add in autograd.Function": lambda x=x, y=y: floor(x, y),
+                },
                 "float32",
                 f"2^{k}",
                 1 << k,

@@ -212,15 +212,14 @@ def _cell_jvp_torch(
 
 # -- autograd of the cell ops ----------------------------------------------------------
 
-_below_autograd = _runtime.below_autograd
 _grad_enabled = torch.is_grad_enabled
 _functorch_active = _runtime.functorch_active
 _is_compiling = torch.compiler.is_compiling
 
 
-def _cell_forward_below_autograd(gates: Tensor, bias: Tensor, old_cell: Tensor):
-    with _below_autograd():
-        return _cell_forward(gates, bias, old_cell)
+# The kernels below the Python autograd kernels (no autograd recorded).
+_cell_forward_below_autograd = _runtime.below_autograd_caller(_cell_forward)
+_cell_backward_new_below_autograd = _runtime.below_autograd_caller(_cell_backward_new)
 
 
 def _derivative_of_backward_needed() -> bool:
@@ -259,8 +258,7 @@ class _CellFunction(torch.autograd.Function):
         if _derivative_of_backward_needed():
             d_gates, d_bias, d_old_cell = _cell_backward_torch(grad_h, grad_cell, gates, bias, new_cell, True)
         else:
-            with _below_autograd():
-                d_gates, d_bias, d_old_cell = _cell_backward_new(grad_h, grad_cell, gates, bias, new_cell)
+            d_gates, d_bias, d_old_cell = _cell_backward_new_below_autograd(grad_h, grad_cell, gates, bias, new_cell)
         needs = ctx.needs_input_grad
         return (
             d_gates if needs[0] else None,

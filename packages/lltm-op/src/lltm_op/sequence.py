@@ -141,7 +141,7 @@ def _sequence_backward_fake(
 
 # -- autograd: one node for the whole sequence -------------------------------------------
 
-_below_autograd = torch._C._AutoDispatchBelowAutograd
+_below_autograd = _runtime.below_autograd
 
 
 def _setup_context(ctx, inputs, output) -> None:
@@ -256,20 +256,6 @@ class _SequenceFunction(torch.autograd.Function):
     setup_context = staticmethod(_setup_context)
     backward = staticmethod(_backward)
 
-    @classmethod
-    def apply(cls, *args):
-        # torch.autograd.Function.apply binds the arguments through
-        # inspect.signature on every call when setup_context is defined (about
-        # 100 us a call measured here, more than the rest of a small
-        # sequence's Python work); called with the five tensors positionally
-        # there is nothing to bind. Outside torch.func transforms this goes
-        # where Function.apply goes after binding (autograd's C++ apply);
-        # inside them, through torch's own path.
-        if torch._C._are_functorch_transforms_active():
-            return super().apply(*args)
-        args = torch._functorch.utils.unwrap_dead_wrappers(args)
-        return super(torch.autograd.Function, cls).apply(*args)
-
     @staticmethod
     def jvp(ctx, *tangents):
         raise RuntimeError(
@@ -278,8 +264,20 @@ class _SequenceFunction(torch.autograd.Function):
         )
 
 
-def _forward_ad_active() -> bool:
-    return torch.autograd.forward_ad._current_level >= 0
+# Function.apply binds the arguments through inspect.signature on every call
+# when setup_context is defined (about 100 us a call measured here, more than
+# the rest of a small sequence's Python work): outside torch.func transforms,
+# the runtime's apply, with nothing to bind.
+_fast_apply = _runtime.function_apply(_SequenceFunction)
+
+
+def _apply(*args):
+    if _runtime.functorch_active():
+        return _SequenceFunction.apply(*args)
+    return _fast_apply(*args)
+
+
+_forward_ad_active = _runtime.forward_ad_active
 
 
 def _run(input, weights, bias, old_h, old_cell):
@@ -295,7 +293,7 @@ def _run(input, weights, bias, old_h, old_cell):
             or old_cell.requires_grad
         )
     ):
-        return _SequenceFunction.apply(input, weights, bias, old_h, old_cell)
+        return _apply(input, weights, bias, old_h, old_cell)
     with _below_autograd():
         return _seq_forward(input, weights, bias, old_h, old_cell)
 

@@ -184,6 +184,29 @@ def per_call_rows(
     return rows
 
 
+def autograd_function_floor(
+    fn: Callable[..., torch.Tensor], arity: int, make_apply: Callable[[type], Callable] | None = None
+) -> Callable[..., torch.Tensor]:
+    """``fn`` (a torch op) wrapped in the smallest autograd.Function there is
+    (identity backward to each of its ``arity`` inputs): with inputs that
+    require grad, the per-call floor of any op whose autograd is written in
+    Python, as the ops' autograd must be on the LibTorch stable ABI.
+    ``make_apply`` turns the Function into its callable (default: its
+    ``apply``; an op package's ``_runtime.function_apply`` for the route its
+    own ops take)."""
+
+    class Floor(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, *args):
+            return fn(*args)
+
+        @staticmethod
+        def backward(ctx, grad):
+            return (grad,) * arity
+
+    return (make_apply or (lambda f: f.apply))(Floor)
+
+
 def copy_time_us(nbytes: int, device: str = "cuda", **kw) -> float:
     """Device time of a device-to-device copy moving ``nbytes`` bytes (read +
     written): the roofline a memory-bound kernel moving as many is held to."""

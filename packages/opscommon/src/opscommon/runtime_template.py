@@ -184,6 +184,11 @@ _set_fwd_grad_enabled = _forward_ad._set_fwd_grad_enabled
 #: Runs the dispatcher below the Autograd keys (the one private name the
 #: autograd design itself rests on: torch offers no public equivalent).
 below_autograd = torch._C._AutoDispatchBelowAutograd
+#: Below ADInplaceOrView too (an out= op's own version bump done by hand).
+below_ad_inplace_or_view = torch._C._AutoDispatchBelowADInplaceOrView
+#: Keysets a Python kernel registered with_keyset redispatches below itself.
+after_autograd_keyset = torch._C._after_autograd_keyset
+after_ad_inplace_or_view_keyset = torch._C._after_ADInplaceOrView_keyset
 
 
 def forward_ad_active() -> bool:
@@ -277,7 +282,7 @@ def register_autograd(qualname: str, function: type) -> None:
     # The C++ apply (not Function.apply, which would start the transforms
     # over, from the top).
     single_level_apply = level_function.apply
-    after_autograd = torch._C._after_autograd_keyset
+    after_autograd = after_autograd_keyset
     fast_apply = function_apply(function)
 
     def autograd_kernel(keyset, *args):
@@ -322,8 +327,8 @@ def op_callable(op: Any) -> Any:
 
 
 def function_apply(function: type) -> Any:
-    """A callable equivalent to ``function.apply`` (an autograd.Function
-    without setup_context) outside torch.func transforms: the C++ apply of
+    """A callable equivalent to ``function.apply`` outside torch.func
+    transforms: the C++ apply of
     ``torch._C._FunctionBase``, with the dead-wrapper unwrap
     ``Function.apply`` does per tensor instead of through pytree. Falls back
     to ``function.apply``. Callers must not use it while a torch.func
@@ -355,12 +360,84 @@ def _arity(function: type) -> int:
     import inspect
 
     try:
-        params = list(inspect.signature(function.forward).parameters.values())[1:]
+        params = list(inspect.signature(function.forward).parameters.values())
     except (TypeError, ValueError):
         return -1
+    if not _has_setup_context(function):
+        params = params[1:]  # ctx
     if any(p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) or p.default is not p.empty for p in params):
         return -1
     return len(params)
+
+
+def below_autograd_caller(op: Any, arity: int = -1) -> Any:
+    """A callable that runs the OpOverload ``op`` below the dispatcher's
+    Autograd keys (the backend kernel, with no autograd recorded): what
+    ``with below_autograd(): op(*args)`` does, for the no-grad path of the
+    public wrappers and the forward of their autograd.Functions.
+
+    The fast route marks the Autograd functionality key excluded in the
+    dispatcher's thread-local state for the call (two C calls, where the
+    guard object of the ``with`` costs a Python object and two method calls;
+    about a third of a small op's overhead). An exclusion already in force
+    (a caller below autograd, inference mode) is left as it was. The public
+    fallback is the ``with`` guard. ``arity`` (1 or 2) gives a caller
+    without ``*args`` packing. The callable's ``uses_private_api`` says
+    which route it takes."""
+    raw = op_callable(op)
+    ctx = below_autograd
+    if not PUBLIC_API_ONLY:
+        try:
+            key = torch._C.DispatchKey.AutogradFunctionality
+            is_excluded = torch._C._dispatch_tls_is_dispatch_key_excluded
+            set_excluded = torch._C._dispatch_tls_set_dispatch_key_excluded
+        except AttributeError:
+            pass
+        else:
+
+            def call(*args):
+                if is_excluded(key):
+                    return raw(*args)
+                set_excluded(key, True)
+                try:
+                    return raw(*args)
+                finally:
+                    set_excluded(key, False)
+
+            def call1(a):
+                if is_excluded(key):
+                    return raw(a)
+                set_excluded(key, True)
+                try:
+                    return raw(a)
+                finally:
+                    set_excluded(key, False)
+
+            def call2(a, b):
+                if is_excluded(key):
+                    return raw(a, b)
+                set_excluded(key, True)
+                try:
+                    return raw(a, b)
+                finally:
+                    set_excluded(key, False)
+
+            fast = {1: call1, 2: call2}.get(arity, call)
+            fast.uses_private_api = True
+            return fast
+
+    def call_public(*args):
+        with ctx():
+            return raw(*args)
+
+    call_public.uses_private_api = False
+    return call_public
+
+
+def _has_setup_context(function: type) -> bool:
+    """A Function whose forward takes no ctx (setup_context style)."""
+    base = torch.autograd.function._SingleLevelFunction.setup_context
+    return getattr(function.setup_context, "__func__", function.setup_context) is not getattr(base, "__func__", base)
 
 
 def using_private_api() -> bool:
@@ -378,7 +455,7 @@ def register_composite_autograd(qualname: str, fn) -> None:
     ns, _, name = qualname.partition("::")
     opname, _, overload = name.partition(".")
     op = getattr(getattr(getattr(torch.ops, ns), opname), overload or "default")
-    after_autograd = torch._C._after_autograd_keyset
+    after_autograd = after_autograd_keyset
 
     def autograd_kernel(keyset, *args):
         if differentiating(*args):

@@ -594,6 +594,32 @@ class OpContract(ReliabilityContract, DerivativeContract):
             sum(o.float().sum() for o in _as_tuple(out)).backward()
 
     @pytest.mark.parametrize("device", DEVICES)
+    def test_autograd_records_as_before_after_calls(self, device: str) -> None:
+        """The ops' no-grad path turns autograd off in the dispatcher's
+        thread-local state for the call alone: after a rejected call autograd
+        records again, and inside inference mode it stays off."""
+        device = self._device(device)
+        probe = torch.ones(2, requires_grad=True)
+        key = torch._C.DispatchKey.AutogradFunctionality
+
+        def records() -> bool:
+            return (probe * 2).requires_grad and not torch._C._dispatch_tls_is_dispatch_key_excluded(key)
+
+        for bad in self.bad_inputs(device):
+            with pytest.raises(bad.error):
+                bad.call()
+            assert records(), f"autograd stopped recording after {bad.match!r}"
+        inputs = self.make_inputs(self.grad_cases[0], torch.float32, device)
+        self.call(*inputs)
+        assert records()
+        with torch.inference_mode():
+            self.compare(self.call(*inputs), self.reference(*inputs), torch.float32)
+            assert torch._C._dispatch_tls_is_dispatch_key_excluded(key), (
+                "a call inside inference mode turned the Autograd keys back on"
+            )
+        assert records()
+
+    @pytest.mark.parametrize("device", DEVICES)
     def test_bad_input_is_a_clear_error(self, device: str) -> None:
         device = self._device(device)
         cases = list(self.bad_inputs(device))

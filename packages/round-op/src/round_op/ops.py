@@ -16,9 +16,8 @@ _runtime.register_missing_cuda("round_op", ["round_ste"])
 
 
 _round_ste = torch.ops.round_op.round_ste.default
-# The dispatcher entry without OpOverload.__call__ (public fallback: the op).
-_round_ste_raw = _runtime.op_callable(_round_ste)
-_below_autograd = _runtime.below_autograd
+# The kernel below the Python autograd kernel, without OpOverload.__call__.
+_round_ste_below_autograd = _runtime.below_autograd_caller(_round_ste, arity=1)
 _is_compiling = torch.compiler.is_compiling
 _grad_enabled = torch.is_grad_enabled
 _functorch_active = _runtime.functorch_active
@@ -37,11 +36,6 @@ def _round_ste_fake(x: Tensor) -> Tensor:
 # which autograd differentiates by itself when create_graph=True).
 
 
-def _forward(x: Tensor) -> Tensor:
-    with _below_autograd():
-        return _round_ste_raw(x)
-
-
 def _backward(ctx, grad: Tensor) -> Tensor:
     return grad
 
@@ -56,7 +50,7 @@ class _RoundSTEFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor) -> Tensor:
-        return _forward(x)
+        return _round_ste_below_autograd(x)
 
     backward = staticmethod(_backward)
     jvp = staticmethod(_jvp)
@@ -100,8 +94,7 @@ def round_ste(x: Tensor) -> Tensor:
         return _apply(x)
     # Nothing to differentiate: the kernel below autograd, without the
     # Python autograd kernel's redispatch.
-    with _below_autograd():
-        return _round_ste_raw(x)
+    return _round_ste_below_autograd(x)
 
 
 class RoundSTE(nn.Module):

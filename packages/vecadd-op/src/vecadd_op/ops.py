@@ -27,17 +27,17 @@ _runtime.register_missing_cuda("vecadd_op", ["add", "add.out"])
 
 _add = torch.ops.vecadd_op.add.default
 _add_out = torch.ops.vecadd_op.add.out
-# The dispatcher entries without OpOverload.__call__ (public fallback: the op).
-_add_raw = _runtime.op_callable(_add)
+# The kernel below the Python autograd kernel, without OpOverload.__call__.
+_add_below_autograd = _runtime.below_autograd_caller(_add, arity=2)
+# The out= entry without OpOverload.__call__ (public fallback: the op).
 _add_out_raw = _runtime.op_callable(_add_out)
-_below_autograd = _runtime.below_autograd
-_below_ad_inplace_or_view = torch._C._AutoDispatchBelowADInplaceOrView
+_below_ad_inplace_or_view = _runtime.below_ad_inplace_or_view
 _increment_version = torch.autograd.graph.increment_version
 _is_compiling = torch.compiler.is_compiling
 _grad_enabled = torch.is_grad_enabled
 # vmap / grad / jvp of torch.func: their wrapped tensors do not report
 # requires_grad, so the op must go through the dispatcher's Autograd key.
-_functorch_active = torch._C._are_functorch_transforms_active
+_functorch_active = _runtime.functorch_active
 
 
 # -- argument checks of the fake kernels: the same checks, in the same order
@@ -98,11 +98,6 @@ def _add_out_fake(a: Tensor, b: Tensor, *, out: Tensor) -> Tensor:
 # d(a + b)/da = d(a + b)/db = 1: the gradient goes to both inputs unchanged,
 # the output's tangent is the sum of the inputs' tangents. No kernel either
 # way, and the backward (the identity) is differentiable as it is.
-
-
-def _add_below_autograd(a: Tensor, b: Tensor) -> Tensor:
-    with _below_autograd():
-        return _add_raw(a, b)
 
 
 class _AddFunction(torch.autograd.Function):
@@ -170,8 +165,8 @@ def _check_out_not_inference(out: Tensor) -> None:
 
 def _add_out_autograd(keyset, a: Tensor, b: Tensor, *, out: Tensor) -> Tensor:
     _check_out_not_differentiated(a, b, out)
-    with torch._C._AutoDispatchBelowAutograd():
-        return _add_out.redispatch(keyset & torch._C._after_autograd_keyset, a, b, out=out)
+    with _runtime.below_autograd():
+        return _add_out.redispatch(keyset & _runtime.after_autograd_keyset, a, b, out=out)
 
 
 _lib.impl("add.out", _add_out_autograd, "Autograd", with_keyset=True)
@@ -183,7 +178,7 @@ _lib.impl("add.out", _add_out_autograd, "Autograd", with_keyset=True)
 def _add_out_ad_inplace_or_view(keyset, a: Tensor, b: Tensor, *, out: Tensor) -> Tensor:
     _check_out_not_inference(out)
     _increment_version(out)
-    return _add_out.redispatch(keyset & torch._C._after_ADInplaceOrView_keyset, a, b, out=out)
+    return _add_out.redispatch(keyset & _runtime.after_ad_inplace_or_view_keyset, a, b, out=out)
 
 
 _lib.impl("add.out", _add_out_ad_inplace_or_view, "ADInplaceOrView", with_keyset=True)
@@ -239,8 +234,7 @@ def add(a: Tensor, b: Tensor, *, out: Tensor | None = None) -> Tensor:
         # Nothing for autograd to record: skip the Python autograd kernel,
         # which would only redispatch below autograd itself, at a cost of
         # several microseconds per call (more than a small add takes).
-        with _below_autograd():
-            return _add_raw(a, b)
+        return _add_below_autograd(a, b)
     if not (isinstance(a, Tensor) and isinstance(b, Tensor) and isinstance(out, Tensor)):
         _check_are_tensors(a, b, out)
     if _is_compiling():
