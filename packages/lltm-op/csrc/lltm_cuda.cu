@@ -4,20 +4,24 @@
 // torch), bias ([3S]) and old_cell ([B, S]); the gates are P + bias.
 //
 // Forward: one grid-stride loop with 64-bit indices over the B x S cell
-// elements (the grid covers them: usually one iteration). In an iteration a thread handles VEC
-// consecutive state columns j of one row r: it reads the three gate pre-activations (columns j,
-// S+j, 2S+j of the row; the bias comes from cache), old_cell[r, j], computes in float (double for
-// float64; float16/bfloat16 with the hardware exp2, see FastMath in lltm.h) and writes new_h and
-// new_cell once. Neighbouring threads take neighbouring columns, so every access is coalesced; with
-// VEC > 1 every access is one 16-byte vector.
+// elements (the grid covers them: usually one iteration). In an iteration a
+// thread handles VEC consecutive state columns j of one row r: it reads the
+// three gate pre-activations (columns j, S+j, 2S+j of the row; the bias comes
+// from cache), old_cell[r, j], computes in float (double for float64;
+// float16/bfloat16 with the hardware exp2 and reciprocal, see FastMath in
+// lltm.h, their values kept in pairs in 32-bit words, see Regs) and writes
+// new_h and new_cell once. Neighbouring threads take neighbouring columns, so
+// every access is coalesced; with VEC > 1 every access is one 16-byte vector.
 //   bytes: reads P (3S) + old_cell (S), writes new_h (S) + new_cell (S).
 //
 // Backward: the same per-element work, but a thread keeps its VEC columns for
 // all the rows it visits (blockIdx.y / threadIdx.y stride over rows), so it
 // can also sum its dP values over those rows: d_bias = sum over the batch of
 // dP comes out of the same pass (block partial sums in shared memory, one row
-// of partials per blockIdx.y, added in a fixed order by a small second kernel:
-// deterministic), and dP is never read back.
+// of partials per blockIdx.y, added in a fixed order by a small second kernel
+// that spreads each column over 32 warps and is launched as the first one's
+// programmatic dependent on sm_90+: deterministic), and dP is never read
+// back.
 //   bytes: reads grad_h, grad_cell (S each; nothing when absent, one value
 //   per row when expanded), P (3S), old_cell (S); writes dP (3S), d_old_cell
 //   (S); plus 3S partials per blockIdx.y.
@@ -28,6 +32,8 @@
 #include <torch/csrc/stable/tensor.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <optional>
 #include <tuple>
 #include <type_traits>
@@ -46,17 +52,21 @@ using torch::stable::Tensor;
 namespace {
 
 constexpr unsigned int kThreads = 256;
-// Backward: about one full wave of blocks (256 threads x 8 = 2048 resident
-// threads per SM, Hopper's maximum), rows covered by the grid-stride loop, so
-// that there are few rows of bias partial sums.
+// Backward: 8 blocks per SM in all (256 threads x 8 = 2048 threads per SM,
+// Hopper's maximum), rows covered by the grid-stride loop, so that there are
+// few rows of bias partial sums. With kBackwardMinBlocks resident that is two
+// rounds of blocks, which measured faster for the half types than one round
+// split evenly (the kernel: 68 vs 71 us at batch 4096, state 2048 on an
+// H100): blocks finishing at different times keep the loads spread out.
 constexpr int kBlocksPerSm = 8;
 // Resident blocks per SM the kernels are compiled for, which caps their
 // registers at 64 per thread: with more, the half-type kernels (8 values per
 // 16-byte load in the forward, 3 x VEC running sums in the backward) leave
 // too few warps to keep enough loads in flight. On an H200 this cut
 // bfloat16 forward time by 11% and backward by 22% at batch 4096, state
-// 2048, float32 unchanged. The backward's half types use 8-byte vectors
-// (4 elements): 8 would spill.
+// 2048, float32 unchanged (an H100 with the packed half vectors below: 3,
+// 5 or 6 blocks no faster, 8 spilled). The backward's half types use 8-byte
+// vectors (4 elements): 8 would spill.
 constexpr int kForwardMinBlocks = 4;
 constexpr int kBackwardMinBlocks = 4;
 // A batch of at most this many rows per thread row runs in one block row,
@@ -75,9 +85,9 @@ constexpr int backward_vec() {
 // Column vectors per backward block row: up to 64 x 16 bytes per row.
 constexpr unsigned int kMaxBlockColumns = 64;
 
-// Storage <-> arithmetic type. float16 goes through the __half intrinsics on
-// the bits: Half's own conversion takes the address of its member, which
-// makes ptxas stage the loaded vectors through local memory.
+// Storage <-> arithmetic type. float16 and bfloat16 go through the bits:
+// Half's and BFloat16's own conversions take the address of their member,
+// which makes ptxas stage the loaded vectors through local memory.
 template <typename T>
 __device__ __forceinline__ opscommon::acc_t<T> to_acc(T v) {
   return static_cast<opscommon::acc_t<T>>(v);
@@ -85,6 +95,10 @@ __device__ __forceinline__ opscommon::acc_t<T> to_acc(T v) {
 template <>
 __device__ __forceinline__ float to_acc<opscommon::Half>(opscommon::Half v) {
   return __half2float(__ushort_as_half(v.x));
+}
+template <>
+__device__ __forceinline__ float to_acc<opscommon::BFloat16>(opscommon::BFloat16 v) {
+  return __uint_as_float(static_cast<unsigned int>(v.x) << 16);
 }
 template <typename T>
 __device__ __forceinline__ T to_storage(opscommon::acc_t<T> v) {
@@ -95,40 +109,120 @@ __device__ __forceinline__ opscommon::Half to_storage<opscommon::Half>(float v) 
   return opscommon::Half(__half_as_ushort(__float2half_rn(v)), opscommon::Half::from_bits());
 }
 
+// VEC values of T in registers. float16/bfloat16 pairs share a 32-bit word,
+// unpacked and packed with one instruction per value or pair. Held as 16-bit
+// elements instead, every vector read was shuffled into place with a byte
+// permute per element (to merge it with the broadcast path of load()) and the
+// bfloat16 kernels spilled: the half-type forward ran 35-45% slower on an
+// H100 (batch 4096, state 2048).
+template <typename T, int VEC>
+struct Regs {
+  static constexpr bool kPair = sizeof(T) == 2 && VEC % 2 == 0;
+  using W = std::conditional_t<kPair, uint32_t, T>;
+  static constexpr int N = kPair ? VEC / 2 : VEC;
+  AlignedVector<W, N> w;
+
+  // Value k in the arithmetic type.
+  __device__ __forceinline__ opscommon::acc_t<T> operator[](int k) const {
+    if constexpr (!kPair) {
+      return to_acc(w.val[k]);
+    } else if constexpr (std::is_same_v<T, opscommon::BFloat16>) {
+      const uint32_t x = w.val[k / 2];
+      return __uint_as_float(k % 2 ? x & 0xffff0000u : x << 16);
+    } else {
+      const uint32_t x = w.val[k / 2];
+      return __half2float(__ushort_as_half(static_cast<unsigned short>(k % 2 ? x >> 16 : x)));
+    }
+  }
+};
+
+// lo and hi rounded to T (to nearest even, as to_storage), lo in the low half.
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  uint32_t r;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (std::is_same_v<T, opscommon::BFloat16>) {
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  } else {
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  }
+#else
+  r = static_cast<uint32_t>(to_storage<T>(lo).x) |
+      (static_cast<uint32_t>(to_storage<T>(hi).x) << 16);
+#endif
+  return r;
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ Regs<T, VEC> pack(const opscommon::acc_t<T> (&x)[VEC]) {
+  Regs<T, VEC> r;
+  if constexpr (Regs<T, VEC>::kPair) {
+#pragma unroll
+    for (int i = 0; i < VEC / 2; ++i) r.w.val[i] = pack2<T>(x[2 * i], x[2 * i + 1]);
+  } else {
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) r.w.val[k] = to_storage<T>(x[k]);
+  }
+  return r;
+}
+
+// VEC copies of x.
+template <typename T, int VEC>
+__device__ __forceinline__ Regs<T, VEC> splat(T x) {
+  Regs<T, VEC> r;
+#pragma unroll
+  for (int i = 0; i < Regs<T, VEC>::N; ++i) {
+    if constexpr (Regs<T, VEC>::kPair) {
+      r.w.val[i] = static_cast<uint32_t>(x.x) * 0x10001u;
+    } else {
+      r.w.val[i] = x;
+    }
+  }
+  return r;
+}
+
 // VEC elements of row r starting at column j (a multiple of VEC). In the
 // vector path an operand either has unit column stride (then its rows are
 // aligned to VEC elements: checked at launch) or column stride 0 (a gradient
 // expanded along the row: one scalar per row). nullptr reads as zeros.
 template <int VEC, typename T>
-__device__ __forceinline__ AlignedVector<T, VEC> load(const Mat<T>& m, int64_t r, int64_t j) {
-  AlignedVector<T, VEC> out;
-  if (m.p == nullptr) {
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) out.val[k] = to_storage<T>(opscommon::acc_t<T>(0));
-    return out;
-  }
+__device__ __forceinline__ Regs<T, VEC> load(const Mat<T>& m, int64_t r, int64_t j) {
+  using R = Regs<T, VEC>;
+  if (m.p == nullptr) return splat<T, VEC>(to_storage<T>(opscommon::acc_t<T>(0)));
   const T* row = m.p + r * m.rs;
   if constexpr (VEC == 1) {
-    out.val[0] = row[j * m.cs];
+    return splat<T, VEC>(row[j * m.cs]);
   } else {
-    if (m.cs == 0) {
-      const T x = row[0];
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) out.val[k] = x;
-    } else {
-      out = *reinterpret_cast<const AlignedVector<T, VEC>*>(row + j);
-    }
+    if (m.cs == 0) return splat<T, VEC>(row[0]);
+    R out;
+    out.w = *reinterpret_cast<const AlignedVector<typename R::W, R::N>*>(row + j);
+    return out;
   }
-  return out;
+}
+
+template <int VEC, typename T>
+__device__ __forceinline__ void store(T* p, const Regs<T, VEC>& v) {
+  using R = Regs<T, VEC>;
+  *reinterpret_cast<AlignedVector<typename R::W, R::N>*>(p) = v.w;
 }
 
 // The math each storage type computes with (see lltm.h).
 template <typename T>
 using MathFor = std::conditional_t<sizeof(T) == 2, FastMath, AccurateMath>;
 
-template <int VEC, typename T>
-__device__ __forceinline__ void store(T* p, const AlignedVector<T, VEC>& v) {
-  *reinterpret_cast<AlignedVector<T, VEC>*>(p) = v;
+// Programmatic dependent launch (sm_90+): the backward's bias kernel is
+// launched while the backward kernel's last blocks finish, instead of after
+// (its launch latency was a tenth of a half-type backward at batch 4096,
+// state 2048). Both instructions are no-ops without such a launch.
+__device__ __forceinline__ void grid_dependents_may_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wait_for_grid_dependencies() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
 }
 
 template <typename T, int VEC>
@@ -141,25 +235,21 @@ __global__ void __launch_bounds__(kThreads, kForwardMinBlocks)
   OPSCOMMON_KERNEL_LOOP(v, n) {
     const int64_t r = v / per_row;
     const int64_t j = (v - r * per_row) * VEC;
-    const AlignedVector<T, VEC> gi = load<VEC>(gates, r, j);
-    const AlignedVector<T, VEC> go = load<VEC>(gates, r, S + j);
-    const AlignedVector<T, VEC> gz = load<VEC>(gates, r, 2 * S + j);
-    const AlignedVector<T, VEC> c = load<VEC>(old_c, r, j);
-    const AlignedVector<T, VEC> bi = load<VEC>(bias, 0, j);
-    const AlignedVector<T, VEC> bo = load<VEC>(bias, 0, S + j);
-    const AlignedVector<T, VEC> bz = load<VEC>(bias, 0, 2 * S + j);
-    AlignedVector<T, VEC> h_out, c_out;
+    const Regs<T, VEC> gi = load<VEC>(gates, r, j);
+    const Regs<T, VEC> go = load<VEC>(gates, r, S + j);
+    const Regs<T, VEC> gz = load<VEC>(gates, r, 2 * S + j);
+    const Regs<T, VEC> c = load<VEC>(old_c, r, j);
+    const Regs<T, VEC> bi = load<VEC>(bias, 0, j);
+    const Regs<T, VEC> bo = load<VEC>(bias, 0, S + j);
+    const Regs<T, VEC> bz = load<VEC>(bias, 0, 2 * S + j);
+    A h[VEC], nc[VEC];
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
-      A h, nc;
-      cell_forward_math<A, MathFor<T>>(
-          to_acc(gi.val[k]) + to_acc(bi.val[k]), to_acc(go.val[k]) + to_acc(bo.val[k]),
-          to_acc(gz.val[k]) + to_acc(bz.val[k]), to_acc(c.val[k]), h, nc);
-      h_out.val[k] = to_storage<T>(h);
-      c_out.val[k] = to_storage<T>(nc);
+      cell_forward_math<A, MathFor<T>>(gi[k] + bi[k], go[k] + bo[k], gz[k] + bz[k], c[k], h[k],
+                                       nc[k]);
     }
-    store<VEC>(new_h + r * S + j, h_out);
-    store<VEC>(new_c + r * S + j, c_out);
+    store<VEC>(new_h + r * S + j, pack<T, VEC>(h));
+    store<VEC>(new_c + r * S + j, pack<T, VEC>(nc));
   }
 }
 
@@ -187,41 +277,40 @@ __global__ void __launch_bounds__(kThreads, kBackwardMinBlocks)
   }
   if (cv < per_row) {
     // This thread's bias columns, loaded once for all its rows.
-    const AlignedVector<T, VEC> bi = load<VEC>(bias, 0, j);
-    const AlignedVector<T, VEC> bo = load<VEC>(bias, 0, S + j);
-    const AlignedVector<T, VEC> bz = load<VEC>(bias, 0, 2 * S + j);
+    const Regs<T, VEC> bi = load<VEC>(bias, 0, j);
+    const Regs<T, VEC> bo = load<VEC>(bias, 0, S + j);
+    const Regs<T, VEC> bz = load<VEC>(bias, 0, 2 * S + j);
     const int64_t row_stride = static_cast<int64_t>(gridDim.y) * blockDim.y;
     for (int64_t r = static_cast<int64_t>(blockIdx.y) * blockDim.y + threadIdx.y; r < rows;
          r += row_stride) {
-      const AlignedVector<T, VEC> gh = load<VEC>(grad_h, r, j);
-      const AlignedVector<T, VEC> gc = load<VEC>(grad_c, r, j);
-      const AlignedVector<T, VEC> gi = load<VEC>(gates, r, j);
-      const AlignedVector<T, VEC> go = load<VEC>(gates, r, S + j);
-      const AlignedVector<T, VEC> gz = load<VEC>(gates, r, 2 * S + j);
-      const AlignedVector<T, VEC> c = load<VEC>(old_c, r, j);
-      AlignedVector<T, VEC> d_i, d_o, d_z, d_c;
+      const Regs<T, VEC> gh = load<VEC>(grad_h, r, j);
+      const Regs<T, VEC> gc = load<VEC>(grad_c, r, j);
+      const Regs<T, VEC> gi = load<VEC>(gates, r, j);
+      const Regs<T, VEC> go = load<VEC>(gates, r, S + j);
+      const Regs<T, VEC> gz = load<VEC>(gates, r, 2 * S + j);
+      const Regs<T, VEC> c = load<VEC>(old_c, r, j);
+      A d_i[VEC], d_o[VEC], d_z[VEC], d_c[VEC];
 #pragma unroll
       for (int e = 0; e < VEC; ++e) {
-        A a_i, a_o, a_z, a_c;
-        cell_backward_math<A, MathFor<T>, kNew>(
-            to_acc(gh.val[e]), to_acc(gc.val[e]), to_acc(gi.val[e]) + to_acc(bi.val[e]),
-            to_acc(go.val[e]) + to_acc(bo.val[e]), to_acc(gz.val[e]) + to_acc(bz.val[e]),
-            to_acc(c.val[e]), a_i, a_o, a_z, a_c);
-        sum[0][e] += a_i;
-        sum[1][e] += a_o;
-        sum[2][e] += a_z;
-        d_i.val[e] = to_storage<T>(a_i);
-        d_o.val[e] = to_storage<T>(a_o);
-        d_z.val[e] = to_storage<T>(a_z);
-        d_c.val[e] = to_storage<T>(a_c);
+        cell_backward_math<A, MathFor<T>, kNew>(gh[e], gc[e], gi[e] + bi[e], go[e] + bo[e],
+                                                gz[e] + bz[e], c[e], d_i[e], d_o[e], d_z[e],
+                                                d_c[e]);
+        sum[0][e] += d_i[e];
+        sum[1][e] += d_o[e];
+        sum[2][e] += d_z[e];
       }
       T* dg = d_gates + r * 3 * S + j;
-      store<VEC>(dg, d_i);
-      store<VEC>(dg + S, d_o);
-      store<VEC>(dg + 2 * S, d_z);
-      store<VEC>(d_old_c + r * S + j, d_c);
+      store<VEC>(dg, pack<T, VEC>(d_i));
+      store<VEC>(dg + S, pack<T, VEC>(d_o));
+      store<VEC>(dg + 2 * S, pack<T, VEC>(d_z));
+      store<VEC>(d_old_c + r * S + j, pack<T, VEC>(d_c));
     }
   }
+
+  // The rows are done: the bias kernel, launched as this grid's programmatic
+  // dependent (sm_90+), may start launching now; it waits for this grid's
+  // partial sums before it reads them.
+  grid_dependents_may_launch();
 
   // Sum the block's rows: thread t's sums at red[t * Q + k * VEC + e].
   const unsigned int t = threadIdx.y * blockDim.x + threadIdx.x;
@@ -252,18 +341,86 @@ __global__ void __launch_bounds__(kThreads, kBackwardMinBlocks)
   }
 }
 
-// d_bias[c] = sum over p of partial[p, c], in order p = 0, 1, ..., in double
-// (a few hundred partials at most; negligible work).
+// d_bias[c] = sum over p of partial[p, c] (a few hundred partials at most),
+// in double. Block (kBiasCols, kBiasRows): thread row y adds parts y,
+// y + kBiasRows, ... in order, loading kBiasUnroll of them at a time, then
+// thread row 0 adds the kBiasRows sums in order: a fixed order, so the result
+// is deterministic. One thread per column adding all parts in turn waited on
+// the partials one at a time: 15 of the 112 us of a bfloat16 backward at
+// batch 4096, state 2048 on an H100 (132 parts). 32 thread rows (each part
+// load in flight at once up to 256 parts) and the dependent launch bring the
+// whole backward from 77 to 73 us there (8 rows, no dependent launch: 77).
+constexpr unsigned int kBiasCols = 32;
+constexpr unsigned int kBiasRows = 32;
+constexpr unsigned int kBiasThreads = kBiasCols * kBiasRows;
+constexpr int kBiasUnroll = 8;
+constexpr int64_t kMaxBiasBlocks = 65535;
 template <typename T>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kBiasThreads)
     bias_grad_kernel(int64_t cols, int64_t parts, const opscommon::acc_t<T>* __restrict__ partial,
                      T* __restrict__ d_bias) {
   using A = opscommon::acc_t<T>;
-  OPSCOMMON_KERNEL_LOOP(c, cols) {
+  wait_for_grid_dependencies();
+  __shared__ double red[kBiasRows][kBiasCols];
+  for (int64_t c0 = static_cast<int64_t>(blockIdx.x) * kBiasCols; c0 < cols;
+       c0 += static_cast<int64_t>(gridDim.x) * kBiasCols) {
+    const int64_t c = c0 + threadIdx.x;
     double s = 0.0;
-    for (int64_t p = 0; p < parts; ++p) s += static_cast<double>(partial[p * cols + c]);
-    d_bias[c] = static_cast<T>(static_cast<A>(s));
+    if (c < cols) {
+      for (int64_t p0 = threadIdx.y; p0 < parts; p0 += kBiasRows * kBiasUnroll) {
+        A v[kBiasUnroll];
+#pragma unroll
+        for (int u = 0; u < kBiasUnroll; ++u) {
+          const int64_t p = p0 + u * static_cast<int64_t>(kBiasRows);
+          v[u] = p < parts ? partial[p * cols + c] : A(0);
+        }
+#pragma unroll
+        for (int u = 0; u < kBiasUnroll; ++u) s += static_cast<double>(v[u]);
+      }
+    }
+    red[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < cols) {
+      double total = 0.0;
+#pragma unroll
+      for (unsigned int y = 0; y < kBiasRows; ++y) total += red[y][threadIdx.x];
+      d_bias[c] = to_storage<T>(static_cast<A>(total));
+    }
+    __syncthreads();
   }
+}
+
+inline bool supports_dependent_launch(int device) {
+  static std::array<std::atomic<int>, 64> cache{};  // 0 unknown, 1 no, 2 yes
+  if (device >= 0 && device < 64) {
+    const int cached = cache[device].load(std::memory_order_relaxed);
+    if (cached) return cached == 2;
+  }
+  int major = 0;
+  OPSCOMMON_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  if (device >= 0 && device < 64)
+    cache[device].store(major >= 9 ? 2 : 1, std::memory_order_relaxed);
+  return major >= 9;
+}
+
+// d_bias from the backward kernel's partial sums: one block per kBiasCols
+// columns (the loop in the kernel covers any more), launched as the
+// backward's programmatic dependent where the GPU has it (see above).
+template <typename T>
+void launch_bias_grad(int device, cudaStream_t stream, int64_t cols, int64_t parts,
+                      const opscommon::acc_t<T>* partial, T* d_bias, bool dependent = true) {
+  const int64_t groups = (cols + kBiasCols - 1) / kBiasCols;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned int>(std::min<int64_t>(groups, kMaxBiasBlocks)));
+  config.blockDim = dim3(kBiasCols, kBiasRows);
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = dependent && supports_dependent_launch(device) ? 1 : 0;
+  OPSCOMMON_CUDA_CHECK(
+      cudaLaunchKernelEx(&config, bias_grad_kernel<T>, cols, parts, partial, d_bias));
 }
 
 // Whether an operand can be read VEC elements at a time (see load()).
@@ -356,9 +513,7 @@ void launch_backward(const Tensor& like, int device, cudaStream_t stream, int64_
   }
   OPSCOMMON_CUDA_CHECK_LAUNCH();
   if (parts == 1) return;
-  const auto fin = opscommon::launch_config(3 * S, device, kThreads, kBlocksPerSm);
-  bias_grad_kernel<T><<<fin.blocks, fin.threads, 0, stream>>>(3 * S, parts, p, d_bias);
-  OPSCOMMON_CUDA_CHECK_LAUNCH();
+  launch_bias_grad<T>(device, stream, 3 * S, parts, p, d_bias);
 }
 
 }  // namespace
