@@ -16,8 +16,10 @@ for nn.LSTM is TF32 (`torch.backends.cudnn.allow_tf32=True`). At float32 the
 table therefore also has lltm_sequence with TF32 matrix products and nn.LSTM
 without TF32, so each comparison is made at one precision.
 
-At the small size, lltm_sequence's two CUDA step paths are also timed on
-their own (LLTM_OP_SEQUENCE_FUSED=1 / 0).
+At the small size, lltm_sequence's CUDA step paths are also timed on their
+own: fused (LLTM_OP_SEQUENCE_FUSED=1: the persistent kernels), a fused kernel
+launched per step (and LLTM_OP_SEQUENCE_PERSISTENT=0) and cuBLAS
+(LLTM_OP_SEQUENCE_FUSED=0).
 
 --quick: tiny sizes on the CPU, a smoke run.
 """
@@ -46,6 +48,7 @@ QUICK_SIZES = [((8, 4, 8, 16), torch.float32), ((4, 8, 16, 32), torch.bfloat16)]
 OURS = "lltm_sequence"
 OURS_TF32 = "lltm_sequence, TF32"
 OURS_FUSED = "lltm_sequence, fused path"
+OURS_STEPS = "lltm_sequence, fused kernel per step"
 OURS_CUBLAS = "lltm_sequence, cuBLAS path"
 CELLS = "loop of lltm_op cells"
 PURE = "loop of pure cells"
@@ -70,30 +73,28 @@ def sequence(x, w, b, h, c):
     return outputs, h_n, c_n
 
 
-def with_flags(fn, *, tf32=None, cudnn_tf32=None, fused=None):
-    """fn run with torch's TF32 flags / the sequence path set, then restored."""
+def with_flags(fn, *, tf32=None, cudnn_tf32=None, **env):
+    """fn run with torch's TF32 flags / LLTM_OP_SEQUENCE_<NAME> variables
+    (fused="1", persistent="0") set, then restored."""
+    names = {f"LLTM_OP_SEQUENCE_{k.upper()}": v for k, v in env.items()}
 
     def run():
-        old = (
-            torch.backends.cuda.matmul.allow_tf32,
-            torch.backends.cudnn.allow_tf32,
-            os.environ.get("LLTM_OP_SEQUENCE_FUSED"),
-        )
+        old = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+        old_env = {k: os.environ.get(k) for k in names}
         if tf32 is not None:
             torch.backends.cuda.matmul.allow_tf32 = tf32
         if cudnn_tf32 is not None:
             torch.backends.cudnn.allow_tf32 = cudnn_tf32
-        if fused is not None:
-            os.environ["LLTM_OP_SEQUENCE_FUSED"] = fused
+        os.environ.update(names)
         try:
             return fn()
         finally:
-            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old[:2]
-            if fused is not None:
-                if old[2] is None:
-                    os.environ.pop("LLTM_OP_SEQUENCE_FUSED", None)
+            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
+            for k, v in old_env.items():
+                if v is None:
+                    os.environ.pop(k, None)
                 else:
-                    os.environ["LLTM_OP_SEQUENCE_FUSED"] = old[2]
+                    os.environ[k] = v
 
     return run
 
@@ -182,6 +183,7 @@ def main() -> None:
             variants[LSTM_NO_TF32] = with_flags(lstm_fwd_bwd, cudnn_tf32=False)
         if device == "cuda" and (T, B, F, S) == (64, 16, 32, 128):
             variants[OURS_FUSED] = with_flags(fwd_bwd(sequence), fused="1")
+            variants[OURS_STEPS] = with_flags(fwd_bwd(sequence), fused="1", persistent="0")
             variants[OURS_CUBLAS] = with_flags(fwd_bwd(sequence), fused="0")
         # Correctness of what is timed, once: ours against the loop of cells.
         got = variants[OURS]()
@@ -215,7 +217,7 @@ def main() -> None:
         del variants, inputs, grads, lstm
         gc.collect()
 
-    columns = [OURS, CELLS, PURE, COMPILED, LSTM, OURS_TF32, LSTM_NO_TF32, OURS_FUSED, OURS_CUBLAS]
+    columns = [OURS, CELLS, PURE, COMPILED, LSTM, OURS_TF32, LSTM_NO_TF32, OURS_FUSED, OURS_STEPS, OURS_CUBLAS]
     columns = [c for c in columns if any(c in r["ms"] for r in results)]
     lines = ["| T, B, F, S, dtype | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
     for r in results:

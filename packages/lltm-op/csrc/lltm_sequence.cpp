@@ -115,6 +115,8 @@ void backward_rows_dc(bool dc, int64_t r0, int64_t r1, int64_t S, const T* go, c
 
 struct CpuDev {
   static bool fused(const Tensor&, const Dims&) { return false; }
+  static bool forward_steps(const Tensor&, const ForwardSteps&) { return false; }
+  static bool backward_steps(const Tensor&, const BackwardSteps&) { return false; }
 
   static void forward_step(const Tensor& like, const ForwardStep& s) {
     opscommon::dispatch_floating(like.scalar_type(), kSeqForward, [&](auto tag) {

@@ -284,6 +284,33 @@ struct BackwardStep {
   void* bias_partial;
 };
 
+// Several steps run by the device in one go (the fused path's persistent
+// kernels): step t's pointers are those of step 0 (the first step run) moved
+// by t * step_gates / step_state bytes, except where a step reads the
+// initial state (h0, c0) or writes the final one (h_n, c_n: forward, last
+// step). Backward: the steps t1 - 1 down to t0 of one chunk, as the loop in
+// sequence_backward sets them up one by one.
+struct ForwardSteps {
+  int64_t T, B, S, step_gates, step_state;
+  ForwardStep first;  // step 0: h_prev = h0, c_prev = c0; h_n / c_n unused
+  void* h_n;
+  void* c_n;
+};
+
+struct BackwardSteps {
+  int64_t T, B, S, t0, t1, K, step_gates, step_state, w_ld;
+  const void* grad_outputs;  // [T, B, S] or null
+  const void* grad_h_n;      // or null
+  const void* grad_c_n;      // or null
+  void* dG;                  // K + 1 slots of [B, 3S]
+  const void* w_h;
+  void* dc;           // the running cell-state gradient, in place
+  const void* gates;  // [T, B, 3S]
+  const void* cells;  // [T, B, S]
+  const void* c0;
+  void* bias_partial;
+};
+
 // -- the drivers ------------------------------------------------------------------
 //
 // Dev provides:
@@ -291,6 +318,10 @@ struct BackwardStep {
 //       kernels compute the recurrent product themselves;
 //   static void forward_step(const Tensor& like, const ForwardStep&);
 //   static void backward_step(const Tensor& like, const BackwardStep&, bool fused);
+//   static bool forward_steps(const Tensor& like, const ForwardSteps&),
+//   static bool backward_steps(const Tensor& like, const BackwardSteps&):
+//       run all the steps (fused path) in one go, or return false for the
+//       one-at-a-time loop;
 //   static Tensor bias_partial(const Tensor& like, const Dims&, bool fused):
 //       zeroed accumulator the backward steps add into;
 //   static void zero(Tensor&), copy(const Tensor& like, void* dst, const void* src,
@@ -350,6 +381,20 @@ ForwardResult sequence_forward(const Tensor& input_arg, const Tensor& weights_ar
   char* outs = static_cast<char*>(r.outputs.mutable_data_ptr());
   char* cells = static_cast<char*>(r.cells.mutable_data_ptr());
   const int64_t step_gates = B * S3 * esize, step_state = B * S * esize;
+  if (fused) {
+    ForwardSteps all{
+        T, B, S, step_gates, step_state, {}, r.h_n.mutable_data_ptr(), r.c_n.mutable_data_ptr()};
+    all.first.B = B;
+    all.first.S = S;
+    all.first.gates = gates;
+    all.first.bias = bias.const_data_ptr();
+    all.first.h_prev = old_h.const_data_ptr();
+    all.first.c_prev = old_cell.const_data_ptr();
+    all.first.w_hT = w_hT->const_data_ptr();
+    all.first.h = outs;
+    all.first.c = cells;
+    if (Dev::forward_steps(like, all)) return r;
+  }
   for (int64_t t = 0; t < T; ++t) {
     ForwardStep s{};
     s.B = B;
@@ -482,7 +527,27 @@ BackwardResult sequence_backward(const std::optional<Tensor>& grad_outputs_arg,
       // dG_{t1}, in slot 0 from the chunk before, moves to the carry slot.
       Dev::copy(like, slot(K), slot(0), step_gates);
     }
-    for (int64_t t = t1 - 1; t >= t0; --t) {
+    BackwardSteps all{T,
+                      B,
+                      S,
+                      t0,
+                      t1,
+                      K,
+                      step_gates,
+                      step_state,
+                      L,
+                      go_ptr,
+                      ghn ? ghn->const_data_ptr() : nullptr,
+                      gcn ? gcn->const_data_ptr() : nullptr,
+                      dG_ptr,
+                      weights.const_data_ptr(),
+                      dc.mutable_data_ptr(),
+                      gates_ptr,
+                      cells_ptr,
+                      old_cell.const_data_ptr(),
+                      partial.mutable_data_ptr()};
+    const bool ran = fused && Dev::backward_steps(like, all);
+    for (int64_t t = t1 - 1; t >= t0 && !ran; --t) {
       BackwardStep s{};
       s.B = B;
       s.S = S;

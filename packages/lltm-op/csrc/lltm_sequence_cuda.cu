@@ -23,8 +23,14 @@
 //   per call) so that a warp's 32 columns are one coalesced load; the
 //   backward reads W_h rows in place.
 //
+//   Where the grid fits in one wave of the GPU, the fused path's steps run in
+//   persistent kernels instead: one launch for the whole forward and one per
+//   backward chunk, the blocks of a batch row block meeting at a barrier
+//   between steps (see "persistent fused path" below).
+//
 // LLTM_OP_SEQUENCE_FUSED=0/1 forces a path (tests, benchmarks); unset, the
 // fused path runs when B * 3S * S <= 2^22 multiply-adds per step.
+// LLTM_OP_SEQUENCE_PERSISTENT=0 launches the fused kernel step by step.
 #include <cuda_fp16.h>
 #include <torch/csrc/stable/library.h>
 #include <torch/csrc/stable/ops.h>
@@ -79,6 +85,44 @@ static_assert(kRows <= kWarps, "one epilogue warp per row");
 constexpr int kBwdRows = 8;
 // Fused path by default up to this many multiply-adds per step (B * 3S * S).
 constexpr int64_t kFusedMaxMacs = int64_t(1) << 22;
+// Shared memory the persistent kernels may stage a step's state in (a block's
+// static shared memory for the reductions comes on top; 48 KB needs no opt-in).
+constexpr size_t kMaxStageBytes = 32 * 1024;
+
+// A value another block of this launch wrote: from L2, past this SM's L1.
+template <typename T>
+__device__ __forceinline__ T load_state_cg(const T* p) {
+  if constexpr (sizeof(T) == 2) {
+    const unsigned short bits = __ldcg(reinterpret_cast<const unsigned short*>(p));
+    T v;
+    memcpy(&v, &bits, sizeof(T));
+    return v;
+  } else {
+    return __ldcg(p);
+  }
+}
+
+// Rows r0 .. r0 + kRows - 1 (clamped to the batch) of a [B, width] state
+// that other blocks of this launch wrote, copied into this block's shared
+// memory (`stage`, kRows x width) through L2: the product then reads them
+// from shared memory. Every thread of the block takes part.
+template <typename T>
+__device__ __forceinline__ const T* stage_rows(T* stage, const T* src, int64_t B, int64_t r0,
+                                               int64_t width) {
+  for (int64_t e = threadIdx.x; e < kRows * width; e += blockDim.x) {
+    const int64_t r = e / width;
+    stage[e] = load_state_cg(src + std::min<int64_t>(r0 + r, B - 1) * width + (e - r * width));
+  }
+  __syncthreads();
+  return stage;
+}
+
+// The persistent kernels' dynamic shared memory.
+template <typename T>
+__device__ __forceinline__ T* stage_memory() {
+  extern __shared__ __align__(16) unsigned char stage_bytes[];
+  return reinterpret_cast<T*>(stage_bytes);
+}
 
 // -- cuBLAS path -------------------------------------------------------------------
 
@@ -169,12 +213,13 @@ __global__ void __launch_bounds__(32 * kBwdRows)
 // Block: kWarps warps; grid (ceil(S / 32), ceil(B / kRows)). Lane = column
 // j of the block's 32, warp = a quarter of the k range for the product and,
 // after the reduction, the row of the cell this thread finishes.
-template <typename T>
-__global__ void __launch_bounds__(32 * kWarps)
-    forward_fused_kernel(int64_t B, int64_t S, T* __restrict__ gates, const T* __restrict__ bias,
-                         const T* __restrict__ h_prev, const T* __restrict__ w_hT,
-                         const T* __restrict__ c_prev, T* __restrict__ h, T* __restrict__ c,
-                         T* __restrict__ h_n, T* __restrict__ c_n) {
+// kStaged: h_prev is this block's kRows rows of the previous h, staged in
+// shared memory (the persistent kernel; see stage_rows).
+template <typename T, bool kStaged>
+__device__ __forceinline__ void forward_fused_step(
+    int64_t B, int64_t S, T* __restrict__ gates, const T* __restrict__ bias,
+    const T* __restrict__ h_prev, const T* __restrict__ w_hT, const T* __restrict__ c_prev,
+    T* __restrict__ h, T* __restrict__ c, T* __restrict__ h_n, T* __restrict__ c_n) {
   using A = Acc<T>;
   __shared__ A red[kWarps][3][kRows][32];
   const int lane = threadIdx.x & 31;
@@ -190,7 +235,9 @@ __global__ void __launch_bounds__(32 * kWarps)
   if (j < S) {
     const T* hr[kRows];
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) hr[r] = h_prev + std::min<int64_t>(r0 + r, B - 1) * S;
+    for (int r = 0; r < kRows; ++r) {
+      hr[r] = kStaged ? h_prev + r * S : h_prev + std::min<int64_t>(r0 + r, B - 1) * S;
+    }
     const int64_t per = (S + kWarps - 1) / kWarps;
     const int64_t k0 = warp * per;
     const int64_t k1 = std::min<int64_t>(S, k0 + per);
@@ -242,15 +289,24 @@ __global__ void __launch_bounds__(32 * kWarps)
   }
 }
 
-// dh = grad_out + extra + dG_next W_h (W_h: rows of stride ld), then the
-// cell's backward; partial: [gridDim.y, 3S], this block's bias sums.
 template <typename T>
 __global__ void __launch_bounds__(32 * kWarps)
-    backward_fused_kernel(int64_t B, int64_t S, const T* __restrict__ go,
-                          const T* __restrict__ extra, const T* __restrict__ dG_next,
-                          const T* __restrict__ w_h, int64_t ld, const T* dc_in,
-                          const T* __restrict__ gates, const T* __restrict__ c_prev,
-                          T* __restrict__ dg, T* dc_out, Acc<T>* __restrict__ partial) {
+    forward_fused_kernel(int64_t B, int64_t S, T* __restrict__ gates, const T* __restrict__ bias,
+                         const T* __restrict__ h_prev, const T* __restrict__ w_hT,
+                         const T* __restrict__ c_prev, T* __restrict__ h, T* __restrict__ c,
+                         T* __restrict__ h_n, T* __restrict__ c_n) {
+  forward_fused_step<T, false>(B, S, gates, bias, h_prev, w_hT, c_prev, h, c, h_n, c_n);
+}
+
+// dh = grad_out + extra + dG_next W_h (W_h: rows of stride ld), then the
+// cell's backward; partial: [gridDim.y, 3S], this block's bias sums.
+// kStaged: dG_next is this block's kRows rows, staged in shared memory.
+template <typename T, bool kStaged>
+__device__ __forceinline__ void backward_fused_step(
+    int64_t B, int64_t S, const T* __restrict__ go, const T* __restrict__ extra,
+    const T* __restrict__ dG_next, const T* __restrict__ w_h, int64_t ld, const T* dc_in,
+    const T* __restrict__ gates, const T* __restrict__ c_prev, T* __restrict__ dg, T* dc_out,
+    Acc<T>* __restrict__ partial) {
   using A = Acc<T>;
   __shared__ A red[kWarps][kRows][32];
   __shared__ A bsum[kRows][3][32];
@@ -265,7 +321,9 @@ __global__ void __launch_bounds__(32 * kWarps)
   if (dG_next != nullptr && j < S) {
     const T* dr[kRows];
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) dr[r] = dG_next + std::min<int64_t>(r0 + r, B - 1) * S3;
+    for (int r = 0; r < kRows; ++r) {
+      dr[r] = kStaged ? dG_next + r * S3 : dG_next + std::min<int64_t>(r0 + r, B - 1) * S3;
+    }
     const int64_t per = (S3 + kWarps - 1) / kWarps;
     const int64_t k0 = warp * per;
     const int64_t k1 = std::min<int64_t>(S3, k0 + per);
@@ -314,6 +372,95 @@ __global__ void __launch_bounds__(32 * kWarps)
       for (int r = 0; r < kRows; ++r) s += bsum[r][g][lane];
       prow[g * S + j] += s;
     }
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(32 * kWarps)
+    backward_fused_kernel(int64_t B, int64_t S, const T* __restrict__ go,
+                          const T* __restrict__ extra, const T* __restrict__ dG_next,
+                          const T* __restrict__ w_h, int64_t ld, const T* dc_in,
+                          const T* __restrict__ gates, const T* __restrict__ c_prev,
+                          T* __restrict__ dg, T* dc_out, Acc<T>* __restrict__ partial) {
+  backward_fused_step<T, false>(B, S, go, extra, dG_next, w_h, ld, dc_in, gates, c_prev, dg, dc_out,
+                                partial);
+}
+
+// -- persistent fused path ------------------------------------------------------------------
+//
+// One launch runs every step (the forward) or every step of a backward chunk:
+// on a host that needs about 6 us per kernel launch, the 64 + 64 launches of
+// a T = 64 sequence at batch 16, state 128 cost more than the GPU's work. A
+// step of block row y (batch rows 4y..4y+3) needs the previous step's h (or
+// dG) of those rows only, all columns: written by the gridDim.x blocks of row
+// y. So the blocks of a row meet at a barrier between steps (an arrival
+// counter per row; a thread's writes are fenced before its block arrives),
+// then copy that state's kRows rows from L2 into shared memory, where the
+// product reads it. The barrier needs every block of the grid
+// resident at once: the launch is only made when the grid fits in one wave
+// of the GPU (occupancy times multiprocessors), else the steps are launched
+// one by one. Each thread keeps its (row, column) of the cell state, as in
+// the one-step kernels: results are identical.
+
+// Arrive at the barrier of this block's row for the step just written, then
+// wait until all gridDim.x blocks of the row have arrived `target` times. As
+// cooperative groups' grid barrier: the block's threads meet, one thread
+// fences (making the block's writes visible device-wide before it arrives),
+// arrives and spins, then fences again before the block reads.
+__device__ __forceinline__ void row_barrier(unsigned long long* arrivals,
+                                            unsigned long long target) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned long long* counter = arrivals + blockIdx.y;
+    __threadfence();
+    atomicAdd(counter, 1ull);
+    while (*static_cast<volatile unsigned long long*>(counter) < target) {
+    }
+    __threadfence();
+  }
+  __syncthreads();
+}
+
+template <typename T>
+__global__ void __launch_bounds__(32 * kWarps)
+    forward_persistent_kernel(int64_t steps, int64_t B, int64_t S, T* gates, const T* bias,
+                              const T* h0, const T* w_hT, const T* c0, T* outs, T* cells, T* h_n,
+                              T* c_n, unsigned long long* arrivals) {
+  const int64_t step_gates = B * 3 * S, step_state = B * S;
+  T* stage = stage_memory<T>();
+  for (int64_t t = 0; t < steps; ++t) {
+    const bool last = t == steps - 1;
+    const T* h_prev = stage_rows(stage, t ? outs + (t - 1) * step_state : h0, B,
+                                 static_cast<int64_t>(blockIdx.y) * kRows, S);
+    forward_fused_step<T, true>(B, S, gates + t * step_gates, bias, h_prev, w_hT,
+                                t ? cells + (t - 1) * step_state : c0, outs + t * step_state,
+                                cells + t * step_state, last ? h_n : nullptr, last ? c_n : nullptr);
+    if (!last) row_barrier(arrivals, static_cast<unsigned long long>(t + 1) * gridDim.x);
+  }
+}
+
+// Steps t1 - 1 down to t0 of a backward chunk, set up as sequence_backward's
+// loop sets them up (lltm_sequence.h): dG of step t goes to slot t - t0, the
+// last step of the chunk reads the next chunk's first dG from slot K.
+template <typename T>
+__global__ void __launch_bounds__(32 * kWarps)
+    backward_persistent_kernel(int64_t T_, int64_t t0, int64_t t1, int64_t K, int64_t B, int64_t S,
+                               const T* go, const T* ghn, const T* gcn, T* dG, const T* w_h,
+                               int64_t ld, T* dc, const T* gates, const T* cells, const T* c0,
+                               Acc<T>* partial, unsigned long long* arrivals) {
+  const int64_t step_gates = B * 3 * S, step_state = B * S;
+  T* stage = stage_memory<T>();
+  for (int64_t t = t1 - 1; t >= t0; --t) {
+    const bool last = t == T_ - 1;
+    const int64_t next_slot = t + 1 < t1 ? t + 1 - t0 : K;
+    const T* dG_next = last ? nullptr
+                            : stage_rows(stage, dG + next_slot * step_gates, B,
+                                         static_cast<int64_t>(blockIdx.y) * kRows, 3 * S);
+    backward_fused_step<T, true>(B, S, go ? go + t * step_state : nullptr, last ? ghn : nullptr,
+                                 dG_next, w_h, ld, last ? gcn : dc, gates + t * step_gates,
+                                 t ? cells + (t - 1) * step_state : c0, dG + (t - t0) * step_gates,
+                                 dc, partial);
+    if (t > t0) row_barrier(arrivals, static_cast<unsigned long long>(t1 - t) * gridDim.x);
   }
 }
 
@@ -371,6 +518,78 @@ struct CudaDev {
     // B * 3S * S without overflow: S is at most 2^31 here when it matters.
     if (d.S > (int64_t(1) << 20) || d.B > (int64_t(1) << 20)) return false;
     return possible && d.B * 3 * d.S * d.S <= kFusedMaxMacs;
+  }
+
+  // The persistent kernels run when the grid, with `stage` bytes of shared
+  // memory a block, fits in one wave (see above) and the stage in the
+  // default 48 KB; LLTM_OP_SEQUENCE_PERSISTENT=0 launches the steps one by
+  // one instead.
+  template <typename Kernel>
+  static bool fits_one_wave(Kernel kernel, const dim3& grid, size_t stage, int device) {
+    if (env_int("LLTM_OP_SEQUENCE_PERSISTENT", 1) == 0 || stage > kMaxStageBytes) return false;
+    int per_sm = 0;
+    OPSCOMMON_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 32 * kWarps, stage));
+    return static_cast<int64_t>(grid.x) * grid.y <=
+           static_cast<int64_t>(per_sm) * opscommon::multiprocessor_count(device);
+  }
+
+  // One zeroed arrival counter per block row (stream-ordered, capturable).
+  static Tensor arrival_counters(const Tensor& like, int64_t rows) {
+    Tensor t =
+        alloc(kSeqForward, "the step barrier's counters", like, {rows}, aoti_torch_dtype_int64());
+    zero(t);
+    return t;
+  }
+
+  static dim3 fused_grid(int64_t B, int64_t S) {
+    return dim3(grid_dim((S + 31) / 32, "the state size"),
+                grid_dim(fused_block_rows(B), "the batch"));
+  }
+
+  static bool forward_steps(const Tensor& like, const ForwardSteps& a) {
+    const int device = like.get_device();
+    const dim3 grid = fused_grid(a.B, a.S);
+    bool ran = false;
+    opscommon::dispatch_floating(like.scalar_type(), kSeqForward, [&](auto tag) {
+      using T = decltype(tag);
+      const size_t stage = kRows * a.S * sizeof(T);
+      if (!fits_one_wave(forward_persistent_kernel<T>, grid, stage, device)) return;
+      Tensor arrivals = arrival_counters(like, grid.y);
+      const ForwardStep& f = a.first;
+      forward_persistent_kernel<T><<<grid, 32 * kWarps, stage, opscommon::current_stream(device)>>>(
+          a.T, a.B, a.S, static_cast<T*>(f.gates), static_cast<const T*>(f.bias),
+          static_cast<const T*>(f.h_prev), static_cast<const T*>(f.w_hT),
+          static_cast<const T*>(f.c_prev), static_cast<T*>(f.h), static_cast<T*>(f.c),
+          static_cast<T*>(a.h_n), static_cast<T*>(a.c_n),
+          static_cast<unsigned long long*>(arrivals.mutable_data_ptr()));
+      OPSCOMMON_CUDA_CHECK_LAUNCH();
+      ran = true;
+    });
+    return ran;
+  }
+
+  static bool backward_steps(const Tensor& like, const BackwardSteps& a) {
+    const int device = like.get_device();
+    const dim3 grid = fused_grid(a.B, a.S);
+    bool ran = false;
+    opscommon::dispatch_floating(like.scalar_type(), kSeqBackward, [&](auto tag) {
+      using T = decltype(tag);
+      const size_t stage = kRows * 3 * a.S * sizeof(T);
+      if (!fits_one_wave(backward_persistent_kernel<T>, grid, stage, device)) return;
+      Tensor arrivals = arrival_counters(like, grid.y);
+      backward_persistent_kernel<T>
+          <<<grid, 32 * kWarps, stage, opscommon::current_stream(device)>>>(
+              a.T, a.t0, a.t1, a.K, a.B, a.S, static_cast<const T*>(a.grad_outputs),
+              static_cast<const T*>(a.grad_h_n), static_cast<const T*>(a.grad_c_n),
+              static_cast<T*>(a.dG), static_cast<const T*>(a.w_h), a.w_ld, static_cast<T*>(a.dc),
+              static_cast<const T*>(a.gates), static_cast<const T*>(a.cells),
+              static_cast<const T*>(a.c0), static_cast<Acc<T>*>(a.bias_partial),
+              static_cast<unsigned long long*>(arrivals.mutable_data_ptr()));
+      OPSCOMMON_CUDA_CHECK_LAUNCH();
+      ran = true;
+    });
+    return ran;
   }
 
   static void forward_step(const Tensor& like, const ForwardStep& s) {

@@ -669,20 +669,32 @@ def test_short_training_loop_loss_falls(device):
     assert losses[-1] < 0.2 * losses[0], (losses[0], losses[-1])
 
 
-# -- CUDA: both step paths, graphs, memory ----------------------------------------------------
+# -- CUDA: every step path, graphs, memory ----------------------------------------------------
+
+# The CUDA step paths, forced: cuBLAS products and a cell kernel per step,
+# fused step kernels launched one per step, and the persistent fused kernels
+# (one launch for the forward, one per backward chunk; the default where the
+# fused path runs and the grid fits the GPU).
+PATHS = {
+    "cublas": {"LLTM_OP_SEQUENCE_FUSED": "0"},
+    "fused": {"LLTM_OP_SEQUENCE_FUSED": "1", "LLTM_OP_SEQUENCE_PERSISTENT": "0"},
+    "persistent": {"LLTM_OP_SEQUENCE_FUSED": "1", "LLTM_OP_SEQUENCE_PERSISTENT": "1"},
+}
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("fused", ["0", "1"])
+@pytest.mark.parametrize("path", list(PATHS))
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16], ids=str)
-@pytest.mark.parametrize("size", [(5, 3, 4, 6), (3, 7, 5, 33), (4, 70, 9, 40), (2, 5, 3, 130), (3, 1, 2, 1)], ids=str)
-def test_cuda_paths_match_the_reference(fused, dtype, size):
-    """The fused step kernels and the cuBLAS path, forced, on sizes off every
-    block width (S = 33, 130; B = 70 past 64 rows), against float64."""
+@pytest.mark.parametrize(
+    "size", [(5, 3, 4, 6), (3, 7, 5, 33), (4, 70, 9, 40), (2, 5, 3, 130), (3, 1, 2, 1), (9, 16, 8, 64)], ids=str
+)
+def test_cuda_paths_match_the_reference(path, dtype, size):
+    """Every CUDA step path, forced, on sizes off every block width (S = 33,
+    130; B = 70 past 64 rows) and over several chunks, against float64."""
     need("cuda")
     gen = torch.Generator().manual_seed(sum(size))
     limit = {torch.float64: 1e-12, torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 3e-2}[dtype]
-    with env(LLTM_OP_SEQUENCE_FUSED=fused, LLTM_OP_SEQUENCE_CHUNKS=2):
+    with env(**PATHS[path], LLTM_OP_SEQUENCE_CHUNKS=2):
         args = [t.requires_grad_() for t in make_args(*size, dtype=dtype, device="cuda", generator=gen)]
         ref_args = [t.detach().double().cpu().requires_grad_() for t in args]
         out = flat(lltm_sequence(*args))
@@ -703,8 +715,8 @@ def test_cuda_paths_agree_with_the_cpu():
     cpu = [t.requires_grad_() for t in (a.clone() for a in args)]
     out_cpu = flat(lltm_sequence(*cpu))
     sum((o * (i + 1)).sum() for i, o in enumerate(out_cpu)).backward()
-    for fused in ("0", "1"):
-        with env(LLTM_OP_SEQUENCE_FUSED=fused):
+    for path in PATHS.values():
+        with env(**path):
             gpu = [t.cuda().requires_grad_() for t in args]
             out = flat(lltm_sequence(*gpu))
             sum((o * (i + 1)).sum() for i, o in enumerate(out)).backward()
@@ -715,13 +727,43 @@ def test_cuda_paths_agree_with_the_cpu():
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("fused", ["0", "1"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
+def test_cuda_persistent_kernels_launch_once_and_match_the_step_kernels(dtype):
+    """The persistent kernels run (one launch for the forward, one per
+    backward chunk) and give bit for bit what the fused step kernels give."""
+    need("cuda")
+    T, B, F, S, chunks = 24, 16, 32, 128, 3
+    args = make_args(T, B, F, S, dtype=dtype, device="cuda", generator=torch.Generator().manual_seed(7))
+    grads = [torch.randn(s, device="cuda", dtype=dtype) for s in ((T, B, S), (B, S), (B, S))]
+    results = {}
+    for path in ("fused", "persistent"):
+        with env(**PATHS[path], LLTM_OP_SEQUENCE_CHUNKS=chunks):
+            a = [t.clone().requires_grad_() for t in args]
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                out = flat(lltm_sequence(*a))
+                torch.autograd.backward(out, grads)
+                torch.cuda.synchronize()
+        names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        results[path] = ([o.detach() for o in out] + [t.grad for t in a], names)
+    for path, (_, names) in results.items():
+        persistent = sum(1 for n in names if "persistent_kernel" in n)
+        per_step = sum(1 for n in names if "fused_kernel" in n)
+        if path == "persistent":
+            assert (persistent, per_step) == (1 + chunks, 0), (persistent, per_step)
+        else:
+            assert (persistent, per_step) == (0, 2 * T), (persistent, per_step)
+    for g, w in zip(results["persistent"][0], results["fused"][0]):
+        assert torch.equal(g, w)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("path", list(PATHS))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_cuda_graph_captures_forward_and_backward(fused, dtype):
+def test_cuda_graph_captures_forward_and_backward(path, dtype):
     need("cuda")
     T, B, F, S = 8, 16, 32, 128
     tol = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}
-    with env(LLTM_OP_SEQUENCE_FUSED=fused):
+    with env(**PATHS[path]):
         static = [t.requires_grad_() for t in make_args(T, B, F, S, dtype=dtype, device="cuda")]
         grads = [torch.randn(s, device="cuda", dtype=dtype) for s in ((T, B, S), (B, S), (B, S))]
 
