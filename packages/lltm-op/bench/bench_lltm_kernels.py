@@ -13,7 +13,8 @@ Device time (CUDA events, median). For float32, bfloat16 and float16:
   input]) then mm (today's step), addmm of the two products into one buffer
   (no cat), and mm on a preallocated [B, S+F] buffer that old_h and input
   are copied into;
-* the step (lltm forward+backward) against its three matrix products alone.
+* the step (lltm forward+backward) against its three matrix products alone,
+  run eagerly and as CUDA graph replays (GPU time without the host's work).
 """
 
 from __future__ import annotations
@@ -26,6 +27,21 @@ from opscommon.bench import Row, copy_time_us, device_time_us, format_table, wri
 
 _fwd = torch.ops.lltm_op.cell_forward.default
 _bwd = torch.ops.lltm_op.cell_backward_from_new_cell.default
+
+
+def _graphed(fn):
+    """``fn`` captured in a CUDA graph (after warm-up calls on a side
+    stream, as capture requires): a callable that replays it."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
 
 
 def main() -> None:
@@ -148,6 +164,32 @@ def main() -> None:
             return torch.addmm(bd, X, wd.t()), dg.mm(wd), dg.t().mm(X)
 
         step_us, mm_us = device_time_us(step), device_time_us(mms)
+        # The same two as CUDA graph replays: GPU time alone, no host work
+        # (what torch.compile's "reduce-overhead" mode or a captured training
+        # step runs). Eagerly, a step whose host work (autograd engine
+        # included) takes as long as its kernels is host-bound.
+        step_graph_us, mm_graph_us = device_time_us(_graphed(step)), device_time_us(_graphed(mms))
+        rows.append(
+            Row(
+                op="lltm step",
+                variant="lltm_op, CUDA graph replay",
+                mode="forward+backward",
+                dtype=dname,
+                size=label,
+                median_us=step_graph_us,
+                extra={"x_matmuls_only": step_graph_us / mm_graph_us},
+            )
+        )
+        rows.append(
+            Row(
+                op="lltm step",
+                variant="matmuls only, CUDA graph replay",
+                mode="forward+backward",
+                dtype=dname,
+                size=label,
+                median_us=mm_graph_us,
+            )
+        )
         rows.append(
             Row(
                 op="lltm step",
@@ -171,6 +213,10 @@ def main() -> None:
         )
         summary.append(
             f"lltm step fwd+bwd {dname:9s} {step_us:8.1f} us, matmuls alone {mm_us:8.1f} us: {step_us / mm_us:.3f}x"
+        )
+        summary.append(
+            f"lltm step fwd+bwd {dname:9s} CUDA graph {step_graph_us:8.1f} us, matmuls alone {mm_graph_us:8.1f} us: "
+            f"{step_graph_us / mm_graph_us:.3f}x"
         )
         inputs = x = h = w = b = c = X = dg = None
         torch.cuda.empty_cache()

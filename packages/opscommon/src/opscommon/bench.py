@@ -45,10 +45,14 @@ def device_time_us(fn: Callable[[], object], warmup: int = 5, repeat: int = 30, 
     Each sample times ``inner`` back-to-back calls between two events and
     divides: the time per call in a stream of calls, where the host's launch
     overhead overlaps the previous call's GPU work, as in a real program.
-    ``inner=None`` picks enough calls for a sample of about 2 ms, at least 3
-    (so that a long call's host work, an autograd backward for one, overlaps
-    the previous call's kernels as in a training loop) and at most 50;
-    ``inner=1`` times single calls, launch gaps included.
+    The start event is recorded after one call already enqueued, so the GPU
+    is busy when the timed calls start: the host's work for the first of
+    them overlaps that call, as in a training loop, instead of being timed
+    on an idle GPU (with a long call, such as a training step with its
+    backward, that start-up latency would otherwise be added to each of
+    only a few calls). ``inner=None`` picks enough calls for a sample of
+    about 2 ms, at least 3 and at most 50; ``inner=1`` times single calls
+    (each still started behind one call in flight).
     """
     for _ in range(warmup):
         fn()
@@ -58,6 +62,7 @@ def device_time_us(fn: Callable[[], object], warmup: int = 5, repeat: int = 30, 
     def sample(calls: int) -> float:
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
+        fn()  # in flight while the timed calls are enqueued
         start.record()
         for _ in range(calls):
             fn()
