@@ -32,8 +32,6 @@
 #include <torch/csrc/stable/tensor.h>
 
 #include <algorithm>
-#include <array>
-#include <atomic>
 #include <optional>
 #include <tuple>
 #include <type_traits>
@@ -396,16 +394,7 @@ __global__ void __launch_bounds__(kBiasThreads)
 }
 
 inline bool supports_dependent_launch(int device) {
-  static std::array<std::atomic<int>, 64> cache{};  // 0 unknown, 1 no, 2 yes
-  if (device >= 0 && device < 64) {
-    const int cached = cache[device].load(std::memory_order_relaxed);
-    if (cached) return cached == 2;
-  }
-  int major = 0;
-  OPSCOMMON_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  if (device >= 0 && device < 64)
-    cache[device].store(major >= 9 ? 2 : 1, std::memory_order_relaxed);
-  return major >= 9;
+  return opscommon::compute_capability_major(device) >= 9;
 }
 
 // d_bias from the backward kernel's partial sums: one block per kBiasCols

@@ -43,16 +43,29 @@ inline cudaStream_t current_stream(int32_t device_index) {
   return static_cast<cudaStream_t>(stream);
 }
 
-inline int multiprocessor_count(int device) {
+// A device attribute, asked of the driver once per device (64 devices
+// cached; the call is a few microseconds, the hot path of a small op is not
+// much more). Attributes are fixed for the life of the process; the ones
+// cached here are never 0, which marks "not asked yet".
+template <cudaDeviceAttr kAttribute>
+int device_attribute(int device) {
   static std::array<std::atomic<int>, 64> cache{};
   if (device >= 0 && device < 64) {
-    int cached = cache[device].load(std::memory_order_relaxed);
-    if (cached > 0) return cached;
+    const int cached = cache[device].load(std::memory_order_relaxed);
+    if (cached != 0) return cached;
   }
-  int count = 0;
-  OPSCOMMON_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-  if (device >= 0 && device < 64) cache[device].store(count, std::memory_order_relaxed);
-  return count;
+  int value = 0;
+  OPSCOMMON_CUDA_CHECK(cudaDeviceGetAttribute(&value, kAttribute, device));
+  if (device >= 0 && device < 64) cache[device].store(value, std::memory_order_relaxed);
+  return value;
+}
+
+inline int multiprocessor_count(int device) {
+  return device_attribute<cudaDevAttrMultiProcessorCount>(device);
+}
+
+inline int compute_capability_major(int device) {
+  return device_attribute<cudaDevAttrComputeCapabilityMajor>(device);
 }
 
 struct LaunchConfig {
