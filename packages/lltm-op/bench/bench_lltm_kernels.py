@@ -163,61 +163,21 @@ def main() -> None:
         def mms():
             return torch.addmm(bd, X, wd.t()), dg.mm(wd), dg.t().mm(X)
 
-        step_us, mm_us = device_time_us(step), device_time_us(mms)
-        # The same two as CUDA graph replays: GPU time alone, no host work
+        # Eagerly, and as CUDA graph replays: GPU time alone, no host work
         # (what torch.compile's "reduce-overhead" mode or a captured training
         # step runs). Eagerly, a step whose host work (autograd engine
         # included) takes as long as its kernels is host-bound.
-        step_graph_us, mm_graph_us = device_time_us(_graphed(step)), device_time_us(_graphed(mms))
-        rows.append(
-            Row(
-                op="lltm step",
-                variant="lltm_op, CUDA graph replay",
-                mode="forward+backward",
-                dtype=dname,
-                size=label,
-                median_us=step_graph_us,
-                extra={"x_matmuls_only": step_graph_us / mm_graph_us},
+        for how, run in (("", lambda fn: fn), (", CUDA graph replay", _graphed)):
+            step_us, mm_us = device_time_us(run(step)), device_time_us(run(mms))
+            common = {"op": "lltm step", "mode": "forward+backward", "dtype": dname, "size": label}
+            rows.append(
+                Row(variant="lltm_op" + how, median_us=step_us, extra={"x_matmuls_only": step_us / mm_us}, **common)
             )
-        )
-        rows.append(
-            Row(
-                op="lltm step",
-                variant="matmuls only, CUDA graph replay",
-                mode="forward+backward",
-                dtype=dname,
-                size=label,
-                median_us=mm_graph_us,
+            rows.append(Row(variant="matmuls only" + how, median_us=mm_us, **common))
+            summary.append(
+                f"lltm step fwd+bwd {dname:9s}{how.replace(',', '')} {step_us:8.1f} us, "
+                f"matmuls alone {mm_us:8.1f} us: {step_us / mm_us:.3f}x"
             )
-        )
-        rows.append(
-            Row(
-                op="lltm step",
-                variant="lltm_op",
-                mode="forward+backward",
-                dtype=dname,
-                size=label,
-                median_us=step_us,
-                extra={"x_matmuls_only": step_us / mm_us},
-            )
-        )
-        rows.append(
-            Row(
-                op="lltm step",
-                variant="matmuls only",
-                mode="forward+backward",
-                dtype=dname,
-                size=label,
-                median_us=mm_us,
-            )
-        )
-        summary.append(
-            f"lltm step fwd+bwd {dname:9s} {step_us:8.1f} us, matmuls alone {mm_us:8.1f} us: {step_us / mm_us:.3f}x"
-        )
-        summary.append(
-            f"lltm step fwd+bwd {dname:9s} CUDA graph {step_graph_us:8.1f} us, matmuls alone {mm_graph_us:8.1f} us: "
-            f"{step_graph_us / mm_graph_us:.3f}x"
-        )
         inputs = x = h = w = b = c = X = dg = None
         torch.cuda.empty_cache()
     print(

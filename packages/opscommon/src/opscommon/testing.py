@@ -601,9 +601,11 @@ class OpContract(ReliabilityContract, DerivativeContract):
 
     @pytest.mark.parametrize("device", DEVICES)
     def test_autograd_records_as_before_after_calls(self, device: str) -> None:
-        """The ops' no-grad path turns autograd off in the dispatcher's
-        thread-local state for the call alone: after a rejected call autograd
-        records again, and inside inference mode it stays off."""
+        """Where an op turns autograd off in the dispatcher's thread-local
+        state (``below_autograd_caller``: a no-grad path, a Function's
+        forward under torch.func), it does so for the call alone: after a
+        rejected call autograd records again, and inside inference mode it
+        stays off."""
         device = self._device(device)
         probe = torch.ones(2, requires_grad=True)
         key = torch._C.DispatchKey.AutogradFunctionality

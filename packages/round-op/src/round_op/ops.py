@@ -16,10 +16,12 @@ _runtime.register_missing_cuda("round_op", ["round_ste", "round_ste.no_autograd"
 
 
 _round_ste = torch.ops.round_op.round_ste.default
-# The same kernel with no autograd registered: the no-grad path.
-_round_ste_no_autograd = _runtime.no_autograd_twin_caller(torch.ops.round_op.round_ste.no_autograd)
+# The same kernel with no autograd registered.
+_round_ste_twin = torch.ops.round_op.round_ste.no_autograd
+# The no-grad path.
+_round_ste_no_autograd = _runtime.no_autograd_twin_caller(_round_ste_twin)
 # The Function's forward: the twin, or (under torch.func) the op below autograd.
-_round_ste_forward = _runtime.function_forward_caller(_round_ste, torch.ops.round_op.round_ste.no_autograd, arity=1)
+_round_ste_forward = _runtime.function_forward_caller(_round_ste, _round_ste_twin, arity=1)
 _is_compiling = torch.compiler.is_compiling
 _grad_enabled = torch.is_grad_enabled
 _functorch_active = _runtime.functorch_active

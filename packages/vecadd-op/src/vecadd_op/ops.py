@@ -27,10 +27,12 @@ _runtime.register_missing_cuda("vecadd_op", ["add", "add.out", "add.no_autograd"
 
 _add = torch.ops.vecadd_op.add.default
 _add_out = torch.ops.vecadd_op.add.out
-# The same kernel with no autograd registered: the no-grad path.
-_add_no_autograd = _runtime.no_autograd_twin_caller(torch.ops.vecadd_op.add.no_autograd)
+# The same kernel with no autograd registered.
+_add_twin = torch.ops.vecadd_op.add.no_autograd
+# The no-grad path.
+_add_no_autograd = _runtime.no_autograd_twin_caller(_add_twin)
 # The Function's forward: the twin, or (under torch.func) the op below autograd.
-_add_forward = _runtime.function_forward_caller(_add, torch.ops.vecadd_op.add.no_autograd, arity=2)
+_add_forward = _runtime.function_forward_caller(_add, _add_twin, arity=2)
 # The out= entry without OpOverload.__call__ (public fallback: the op).
 _add_out_raw = _runtime.op_callable(_add_out)
 _below_ad_inplace_or_view = _runtime.below_ad_inplace_or_view
