@@ -32,13 +32,8 @@ STABLE_TORCH_LIBRARY(round_op, m) {
   // Forward only: the straight-through backward is registered in Python and
   // needs no kernel (the gradient passes through unchanged).
   m.def("round_ste(Tensor x) -> Tensor");
-  // The same kernel with no autograd registered, for the Python wrapper's
-  // no-grad path: the dispatcher skips the Python autograd kernel without
-  // any thread-local switch (see opscommon's runtime, no_autograd_twin).
-  m.def("round_ste.no_autograd(Tensor x) -> Tensor");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(round_op, CPU, m) {
   m.impl("round_ste", TORCH_BOX(&round_op::round_ste_cpu));
-  m.impl("round_ste.no_autograd", TORCH_BOX(&round_op::round_ste_cpu));
 }

@@ -34,5 +34,4 @@ Tensor round_ste_cuda(Tensor x) {
 
 STABLE_TORCH_LIBRARY_IMPL(round_op, CUDA, m) {
   m.impl("round_ste", TORCH_BOX(&round_op::round_ste_cuda));
-  m.impl("round_ste.no_autograd", TORCH_BOX(&round_op::round_ste_cuda));
 }

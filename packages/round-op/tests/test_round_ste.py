@@ -66,9 +66,6 @@ class TestRoundSteContract(OpContract):
     def opcheck_targets(self):
         return [torch.ops.round_op.round_ste.default]
 
-    def no_autograd_twins(self):
-        return [(torch.ops.round_op.round_ste.no_autograd, torch.ops.round_op.round_ste.default)]
-
     def tolerance(self, dtype):
         return {"rtol": 0, "atol": 0}  # integers: exact
 
@@ -200,7 +197,7 @@ def test_fast_path_uses_private_api_with_public_fallback():
 
     # In this process: the fast route (torch's private API, present here).
     assert _runtime.using_private_api()
-    assert ops._round_ste_forward.uses_private_api
+    assert ops._round_ste_below_autograd.uses_private_api
     # A torch without those names: the public fallbacks, same results.
     run_with_public_api_only(
         """
@@ -209,9 +206,8 @@ import torch.autograd.forward_ad as fwAD
 import round_op
 from round_op import _runtime, ops
 assert not _runtime.using_private_api()
-assert not ops._round_ste_forward.uses_private_api
+assert not ops._round_ste_below_autograd.uses_private_api
 assert ops._apply == ops._RoundSTEFunction.apply
-assert ops._round_ste_no_autograd is torch.ops.round_op.round_ste.no_autograd
 x = torch.tensor([0.5, 1.5, -0.5, 2.49, -2.5])
 want = torch.floor(x + 0.5)
 assert torch.equal(round_op.round_ste(x), want)

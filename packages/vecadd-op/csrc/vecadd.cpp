@@ -41,13 +41,9 @@ STABLE_TORCH_LIBRARY(vecadd_op, m) {
   // The gradient (to both inputs) is registered in Python; it needs no kernel.
   m.def("add(Tensor a, Tensor b) -> Tensor");
   m.def("add.out(Tensor a, Tensor b, *, Tensor(a!) out) -> Tensor(a!)");
-  // add with no autograd registered, for the Python wrapper's no-grad path
-  // (see opscommon's runtime, no_autograd_twin).
-  m.def("add.no_autograd(Tensor a, Tensor b) -> Tensor");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(vecadd_op, CPU, m) {
   m.impl("add", TORCH_BOX(&vecadd_op::add_cpu));
   m.impl("add.out", TORCH_BOX(&vecadd_op::add_out_cpu));
-  m.impl("add.no_autograd", TORCH_BOX(&vecadd_op::add_cpu));
 }

@@ -49,5 +49,4 @@ Tensor add_out_cuda(Tensor a, Tensor b, Tensor out) {
 STABLE_TORCH_LIBRARY_IMPL(vecadd_op, CUDA, m) {
   m.impl("add", TORCH_BOX(&vecadd_op::add_cuda));
   m.impl("add.out", TORCH_BOX(&vecadd_op::add_out_cuda));
-  m.impl("add.no_autograd", TORCH_BOX(&vecadd_op::add_cuda));
 }

@@ -65,9 +65,6 @@ class TestAddContract(OpContract):
         # keyword argument, which the contract does not pass.
         return [torch.ops.vecadd_op.add.default]
 
-    def no_autograd_twins(self):
-        return [(torch.ops.vecadd_op.add.no_autograd, torch.ops.vecadd_op.add.default)]
-
     def tolerance(self, dtype):
         # One rounding of the exact sum (half types add in float, as torch
         # does): bit-identical to torch.add.
@@ -625,7 +622,7 @@ def test_fast_path_uses_private_api_with_public_fallback():
 
     # In this process: the fast route (torch's private API, present here).
     assert _runtime.using_private_api()
-    assert ops._add_forward.uses_private_api and ops._add_out_raw is not ops._add_out
+    assert ops._add_below_autograd.uses_private_api and ops._add_out_raw is not ops._add_out
     # A torch without those names: the public fallbacks, same results.
     run_with_public_api_only(
         """
@@ -634,9 +631,8 @@ import torch.autograd.forward_ad as fwAD
 import vecadd_op
 from vecadd_op import _runtime, ops
 assert not _runtime.using_private_api()
-assert not ops._add_forward.uses_private_api and ops._add_out_raw is ops._add_out
+assert not ops._add_below_autograd.uses_private_api and ops._add_out_raw is ops._add_out
 assert ops._apply == ops._AddFunction.apply
-assert ops._add_no_autograd is torch.ops.vecadd_op.add.no_autograd
 a, b = torch.rand(7), torch.rand(7)
 assert torch.equal(vecadd_op.add(a, b), a + b)
 out = torch.empty(7)

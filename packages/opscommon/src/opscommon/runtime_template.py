@@ -434,45 +434,6 @@ def below_autograd_caller(op: Any, arity: int = -1) -> Any:
     return call_public
 
 
-def no_autograd_twin_caller(twin: Any) -> Any:
-    """The no-grad path of a public wrapper: the fastest callable of
-    ``twin``, an overload the op library defines with the same kernel and no
-    autograd kernel (``"op.no_autograd(...)"``).
-
-    The dispatcher has no Python autograd kernel to run for it, and no
-    thread-local switch is needed to skip one: the call costs what the op
-    costs below autograd. Only for calls with nothing to differentiate (see
-    ``differentiating``): with an argument that requires grad, the output
-    gets no gradient (PyTorch's fallback for ops without autograd warns when
-    the backward reaches it), which is why the twin is an implementation
-    detail of the wrapper, not an API."""
-    return op_callable(twin)
-
-
-def function_forward_caller(op: Any, twin: Any, arity: int = -1) -> Any:
-    """The op call inside an autograd.Function's forward: the no-autograd
-    ``twin`` when grad mode is off (``Function.apply`` runs the forward with
-    grad mode off: the usual case), else ``below_autograd_caller(op)``
-    (under torch.func the forward runs at one level with grad mode on and
-    must hand the op on to the lower levels through their autograd)."""
-    below = below_autograd_caller(op, arity)
-    raw = op_callable(twin)
-    grad_enabled = torch.is_grad_enabled
-
-    def call(*args):
-        return raw(*args) if not grad_enabled() else below(*args)
-
-    def call1(a):
-        return raw(a) if not grad_enabled() else below(a)
-
-    def call2(a, b):
-        return raw(a, b) if not grad_enabled() else below(a, b)
-
-    fast = {1: call1, 2: call2}.get(arity, call)
-    fast.uses_private_api = below.uses_private_api or raw is not twin
-    return fast
-
-
 def _has_setup_context(function: type) -> bool:
     """A Function whose forward takes no ctx (setup_context style)."""
     base = torch.autograd.function._SingleLevelFunction.setup_context

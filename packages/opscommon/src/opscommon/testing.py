@@ -493,12 +493,6 @@ class OpContract(ReliabilityContract, DerivativeContract):
     def bad_inputs(self, device: str) -> Sequence[BadInput]:
         return ()
 
-    def no_autograd_twins(self) -> Sequence[tuple[Any, Any]]:
-        """(twin, op) pairs: OpOverloads defined with the op's kernel and no
-        autograd, which the public function calls when nothing is
-        differentiated, and the op each stands for."""
-        return ()
-
     def tolerance(self, dtype: torch.dtype) -> dict:
         """assert_close keyword arguments for outputs of ``dtype``."""
         return {}
@@ -601,11 +595,9 @@ class OpContract(ReliabilityContract, DerivativeContract):
 
     @pytest.mark.parametrize("device", DEVICES)
     def test_autograd_records_as_before_after_calls(self, device: str) -> None:
-        """Where an op turns autograd off in the dispatcher's thread-local
-        state (``below_autograd_caller``: a no-grad path, a Function's
-        forward under torch.func), it does so for the call alone: after a
-        rejected call autograd records again, and inside inference mode it
-        stays off."""
+        """The ops' no-grad path turns autograd off in the dispatcher's
+        thread-local state for the call alone: after a rejected call autograd
+        records again, and inside inference mode it stays off."""
         device = self._device(device)
         probe = torch.ones(2, requires_grad=True)
         key = torch._C.DispatchKey.AutogradFunctionality
@@ -626,34 +618,6 @@ class OpContract(ReliabilityContract, DerivativeContract):
                 "a call inside inference mode turned the Autograd keys back on"
             )
         assert records()
-
-    @pytest.mark.parametrize("device", DEVICES)
-    def test_no_autograd_twin_matches_op_and_never_drops_gradients_silently(self, device: str) -> None:
-        device = self._device(device)
-        twins = self.no_autograd_twins()
-        if not twins:
-            pytest.skip("no no-autograd twin overloads")
-        for twin, op in twins:
-            for dtype in self.dtypes:
-                for case in self.cases:
-                    inputs = self.make_inputs(case, dtype, device)
-                    torch.testing.assert_close(twin(*inputs), op(*inputs), rtol=0, atol=0, equal_nan=True)
-            args = self.make_inputs(self.grad_cases[0], torch.float32, device)
-            torch.library.opcheck(twin, args, test_utils=("test_schema", "test_faketensor"))
-            # Called directly on arguments that require grad, the twin's output
-            # gets no gradient: PyTorch must say so (a warning or an error),
-            # never hand back a silently missing gradient.
-            args = self._grad_inputs(args)
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                try:
-                    out = twin(*args)
-                    sum(o.float().sum() for o in _as_tuple(out)).backward()
-                except RuntimeError:
-                    continue
-            assert any("autograd" in str(w.message).lower() for w in caught), (
-                f"{twin} dropped a gradient without a warning"
-            )
 
     @pytest.mark.parametrize("device", DEVICES)
     def test_bad_input_is_a_clear_error(self, device: str) -> None:

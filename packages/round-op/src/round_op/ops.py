@@ -12,23 +12,18 @@ from . import _runtime
 OP = "round_op.round_ste"
 
 _runtime.load_library(os.path.dirname(os.path.abspath(__file__)))
-_runtime.register_missing_cuda("round_op", ["round_ste", "round_ste.no_autograd"])
+_runtime.register_missing_cuda("round_op", ["round_ste"])
 
 
 _round_ste = torch.ops.round_op.round_ste.default
-# The same kernel with no autograd registered.
-_round_ste_twin = torch.ops.round_op.round_ste.no_autograd
-# The no-grad path.
-_round_ste_no_autograd = _runtime.no_autograd_twin_caller(_round_ste_twin)
-# The Function's forward: the twin, or (under torch.func) the op below autograd.
-_round_ste_forward = _runtime.function_forward_caller(_round_ste, _round_ste_twin, arity=1)
+# The kernel below the Python autograd kernel, without OpOverload.__call__.
+_round_ste_below_autograd = _runtime.below_autograd_caller(_round_ste, arity=1)
 _is_compiling = torch.compiler.is_compiling
 _grad_enabled = torch.is_grad_enabled
 _functorch_active = _runtime.functorch_active
 _fwad = _runtime._forward_ad
 
 
-@torch.library.register_fake("round_op::round_ste.no_autograd")
 @torch.library.register_fake("round_op::round_ste")
 def _round_ste_fake(x: Tensor) -> Tensor:
     _runtime.check_dtype(OP, "x", x, _runtime.FLOATING_DTYPES)
@@ -55,7 +50,7 @@ class _RoundSTEFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor) -> Tensor:
-        return _round_ste_forward(x)
+        return _round_ste_below_autograd(x)
 
     backward = staticmethod(_backward)
     jvp = staticmethod(_jvp)
@@ -97,9 +92,9 @@ def round_ste(x: Tensor) -> Tensor:
     if (x.requires_grad and _grad_enabled()) or _fwad._current_level >= 0:
         # Autograd, or forward AD (a dual_level is open: x may be dual).
         return _apply(x)
-    # Nothing to differentiate: the twin overload, which has no autograd
-    # kernel for the dispatcher to run.
-    return _round_ste_no_autograd(x)
+    # Nothing to differentiate: the kernel below autograd, without the
+    # Python autograd kernel's redispatch.
+    return _round_ste_below_autograd(x)
 
 
 class RoundSTE(nn.Module):

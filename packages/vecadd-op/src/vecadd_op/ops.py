@@ -23,16 +23,12 @@ DTYPES = (
 )
 
 _runtime.load_library(os.path.dirname(os.path.abspath(__file__)))
-_runtime.register_missing_cuda("vecadd_op", ["add", "add.out", "add.no_autograd"])
+_runtime.register_missing_cuda("vecadd_op", ["add", "add.out"])
 
 _add = torch.ops.vecadd_op.add.default
 _add_out = torch.ops.vecadd_op.add.out
-# The same kernel with no autograd registered.
-_add_twin = torch.ops.vecadd_op.add.no_autograd
-# The no-grad path.
-_add_no_autograd = _runtime.no_autograd_twin_caller(_add_twin)
-# The Function's forward: the twin, or (under torch.func) the op below autograd.
-_add_forward = _runtime.function_forward_caller(_add, _add_twin, arity=2)
+# The kernel below the Python autograd kernel, without OpOverload.__call__.
+_add_below_autograd = _runtime.below_autograd_caller(_add, arity=2)
 # The out= entry without OpOverload.__call__ (public fallback: the op).
 _add_out_raw = _runtime.op_callable(_add_out)
 _below_ad_inplace_or_view = _runtime.below_ad_inplace_or_view
@@ -85,7 +81,6 @@ def _check_out(a: Tensor, out: Tensor) -> None:
             )
 
 
-@torch.library.register_fake("vecadd_op::add.no_autograd")
 @torch.library.register_fake("vecadd_op::add")
 def _add_fake(a: Tensor, b: Tensor) -> Tensor:
     _check_inputs(a, b)
@@ -111,7 +106,7 @@ class _AddFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, a: Tensor, b: Tensor) -> Tensor:
-        return _add_forward(a, b)
+        return _add_below_autograd(a, b)
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None]:
@@ -236,11 +231,10 @@ def add(a: Tensor, b: Tensor, *, out: Tensor | None = None) -> Tensor:
             # Autograd, or forward AD (a dual_level is open: a or b may be
             # dual tensors).
             return _apply(a, b)
-        # Nothing for autograd to record: the twin overload, with no Python
-        # autograd kernel for the dispatcher to run (that kernel would only
-        # redispatch below autograd, at a cost of several microseconds per
-        # call, more than a small add takes).
-        return _add_no_autograd(a, b)
+        # Nothing for autograd to record: skip the Python autograd kernel,
+        # which would only redispatch below autograd itself, at a cost of
+        # several microseconds per call (more than a small add takes).
+        return _add_below_autograd(a, b)
     if not (isinstance(a, Tensor) and isinstance(b, Tensor) and isinstance(out, Tensor)):
         _check_are_tensors(a, b, out)
     if _is_compiling():
