@@ -464,6 +464,8 @@ __global__ void __launch_bounds__(32 * kWarps)
   }
 }
 
+#include "lltm_sequence_tc.cuh"
+
 // -- small helpers -------------------------------------------------------------------------
 
 // d_bias[c] = sum over p of partial[p, c], in order, in double.
@@ -508,8 +510,117 @@ unsigned int grid_dim(int64_t v, const char* what) {
   return static_cast<unsigned int>(v);
 }
 
+// The tensor-core path's launch: NJ = 8q columns and bm rows a block, grid
+// (ceil(S / NJ), ceil(B / bm)), `smem` bytes of shared memory (the larger of
+// the two kernels').
+struct TcPlan {
+  bool ok = false;
+  int q = 0;
+  int64_t bm = 0;
+  dim3 grid;
+  size_t smem_forward = 0, smem_backward = 0;
+};
+
+template <typename F>
+void with_q(int q, F&& f) {
+  if (q == 1) {
+    f(std::integral_constant<int, 1>{});
+  } else if (q == 2) {
+    f(std::integral_constant<int, 2>{});
+  } else {
+    f(std::integral_constant<int, 4>{});
+  }
+}
+
+// Blocks of `kernel` resident per multiprocessor with `smem` bytes each
+// (after allowing it the device's opt-in shared memory).
+template <typename Kernel>
+int resident_blocks(Kernel kernel, size_t smem, int smem_optin) {
+  OPSCOMMON_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
+  int per_sm = 0;
+  OPSCOMMON_CUDA_CHECK(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, tc::kTcThreads, smem));
+  return per_sm;
+}
+
+// The rule: float16 / bfloat16 on sm_80+, S a multiple of 8, and a grid of
+// at most kTcMaxRows rows a block whose blocks (each with its weight slice in
+// shared memory) are all resident at once. Among the block shapes that fit,
+// the one with the most blocks (parallelism), then the widest (each block
+// re-reads the state rows once a step: fewer column blocks, less traffic).
+// LLTM_OP_SEQUENCE_TENSOR_CORES=0 turns the path off; forcing the cuBLAS
+// path or the per-step launches (LLTM_OP_SEQUENCE_FUSED=0,
+// LLTM_OP_SEQUENCE_PERSISTENT=0) does too.
+template <typename T>
+TcPlan compute_tc_plan(const Dims& d, int device) {
+  TcPlan best;
+  if (d.S % 8 != 0 || d.S == 0 || d.B == 0 || d.S > (int64_t(1) << 16) ||
+      d.B > (int64_t(1) << 24)) {
+    return best;
+  }
+  if (opscommon::compute_capability_major(device) < 8) return best;
+  const int sms = opscommon::multiprocessor_count(device);
+  const int optin = opscommon::device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(device);
+  int64_t best_blocks = 0;
+  for (int q : {1, 2, 4}) {
+    const int64_t gx = (d.S + 8 * q - 1) / (8 * q);
+    for (int64_t bm = 16; bm <= tc::kTcMaxRows; bm += 16) {
+      const int64_t gy = (d.B + bm - 1) / bm;
+      const size_t sf = tc::forward_smem(d.S, q, bm), sb = tc::backward_smem(d.S, q, bm);
+      if (sf > static_cast<size_t>(optin) || sb > static_cast<size_t>(optin)) continue;
+      int per_sm = 0;
+      with_q(q, [&](auto qc) {
+        constexpr int Q = decltype(qc)::value;
+        per_sm = std::min(resident_blocks(tc::forward_tc_kernel<T, Q>, sf, optin),
+                          resident_blocks(tc::backward_tc_kernel<T, Q>, sb, optin));
+      });
+      const int64_t blocks = gx * gy;
+      if (gy > 65535 || blocks > static_cast<int64_t>(per_sm) * sms) continue;
+      if (blocks > best_blocks || (blocks == best_blocks && q > best.q)) {
+        best_blocks = blocks;
+        best.ok = true;
+        best.q = q;
+        best.bm = bm;
+        best.grid = dim3(static_cast<unsigned int>(gx), static_cast<unsigned int>(gy));
+        best.smem_forward = sf;
+        best.smem_backward = sb;
+      }
+    }
+  }
+  return best;
+}
+
+// The plan of (device, dtype, B, S), remembered for the last one asked (a
+// call asks several times: fused(), the partial sums, each launch).
+TcPlan tc_plan(const Tensor& like, const Dims& d) {
+  using ST = torch::headeronly::ScalarType;
+  const ST st = like.scalar_type();
+  if (st != ST::Half && st != ST::BFloat16) return {};
+  if (env_int("LLTM_OP_SEQUENCE_TENSOR_CORES", 1) == 0 ||
+      env_int("LLTM_OP_SEQUENCE_FUSED", -1) == 0 ||
+      env_int("LLTM_OP_SEQUENCE_PERSISTENT", 1) == 0) {
+    return {};
+  }
+  const int device = like.get_device();
+  struct Key {
+    int device;
+    ST st;
+    int64_t B, S;
+  };
+  thread_local std::optional<Key> key;
+  thread_local TcPlan plan;
+  if (!key || key->device != device || key->st != st || key->B != d.B || key->S != d.S) {
+    plan = st == ST::Half ? compute_tc_plan<opscommon::Half>(d, device)
+                          : compute_tc_plan<opscommon::BFloat16>(d, device);
+    key = Key{device, st, d.B, d.S};
+  }
+  return plan;
+}
+
 struct CudaDev {
-  static bool fused(const Tensor&, const Dims& d) {
+  static bool fused(const Tensor& like, const Dims& d) {
+    if (tc_plan(like, d).ok) return true;
     // The fused kernels' grid: ceil(S / 32) x ceil(B / 4) blocks.
     const bool possible = d.B <= int64_t(kRows) * 65535 && d.S <= (int64_t(1) << 36);
     const int64_t force = env_int("LLTM_OP_SEQUENCE_FUSED", -1);
@@ -547,7 +658,72 @@ struct CudaDev {
                 grid_dim(fused_block_rows(B), "the batch"));
   }
 
+  static bool forward_steps_tc(const Tensor& like, const ForwardSteps& a, const TcPlan& p) {
+    const int device = like.get_device();
+    const cudaStream_t stream = opscommon::current_stream(device);
+    const int optin = opscommon::device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(device);
+    Tensor arrivals = arrival_counters(like, p.grid.y);
+    const ForwardStep& f = a.first;
+    // The kernel reads h0 in 16-byte loads: a view that does not start on
+    // such a boundary is copied first.
+    const void* h0 = f.h_prev;
+    std::optional<Tensor> h0_copy;
+    if (reinterpret_cast<uintptr_t>(h0) % 16 != 0) {
+      h0_copy = alloc(kSeqForward, "an aligned copy of old_h", like, {a.B, a.S});
+      copy(like, h0_copy->mutable_data_ptr(), h0, a.B * a.S * 2);
+      h0 = h0_copy->const_data_ptr();
+    }
+    opscommon::dispatch_floating(like.scalar_type(), kSeqForward, [&](auto tag) {
+      using T = decltype(tag);
+      if constexpr (sizeof(T) == 2) {
+        with_q(p.q, [&](auto qc) {
+          constexpr int Q = decltype(qc)::value;
+          auto kernel = tc::forward_tc_kernel<T, Q>;
+          OPSCOMMON_CUDA_CHECK(cudaFuncSetAttribute(
+              kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
+          kernel<<<p.grid, tc::kTcThreads, p.smem_forward, stream>>>(
+              a.T, a.B, a.S, p.bm, static_cast<T*>(f.gates), static_cast<const T*>(f.bias),
+              static_cast<const T*>(h0), static_cast<const T*>(f.w_hT),
+              static_cast<const T*>(f.c_prev), static_cast<T*>(f.h), static_cast<T*>(f.c),
+              static_cast<T*>(a.h_n), static_cast<T*>(a.c_n),
+              static_cast<unsigned long long*>(arrivals.mutable_data_ptr()));
+          OPSCOMMON_CUDA_CHECK_LAUNCH();
+        });
+      }
+    });
+    return true;
+  }
+
+  static bool backward_steps_tc(const Tensor& like, const BackwardSteps& a, const TcPlan& p) {
+    const int device = like.get_device();
+    const cudaStream_t stream = opscommon::current_stream(device);
+    const int optin = opscommon::device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(device);
+    Tensor arrivals = arrival_counters(like, p.grid.y);
+    opscommon::dispatch_floating(like.scalar_type(), kSeqBackward, [&](auto tag) {
+      using T = decltype(tag);
+      if constexpr (sizeof(T) == 2) {
+        with_q(p.q, [&](auto qc) {
+          constexpr int Q = decltype(qc)::value;
+          auto kernel = tc::backward_tc_kernel<T, Q>;
+          OPSCOMMON_CUDA_CHECK(cudaFuncSetAttribute(
+              kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
+          kernel<<<p.grid, tc::kTcThreads, p.smem_backward, stream>>>(
+              a.T, a.t0, a.t1, a.K, a.B, a.S, p.bm, static_cast<const T*>(a.grad_outputs),
+              static_cast<const T*>(a.grad_h_n), static_cast<const T*>(a.grad_c_n),
+              static_cast<T*>(a.dG), static_cast<const T*>(a.w_h), a.w_ld, static_cast<T*>(a.dc),
+              static_cast<const T*>(a.gates), static_cast<const T*>(a.cells),
+              static_cast<const T*>(a.c0), static_cast<float*>(a.bias_partial),
+              static_cast<unsigned long long*>(arrivals.mutable_data_ptr()));
+          OPSCOMMON_CUDA_CHECK_LAUNCH();
+        });
+      }
+    });
+    return true;
+  }
+
   static bool forward_steps(const Tensor& like, const ForwardSteps& a) {
+    const Dims d{a.T, a.B, 0, a.S};
+    if (const TcPlan p = tc_plan(like, d); p.ok) return forward_steps_tc(like, a, p);
     const int device = like.get_device();
     const dim3 grid = fused_grid(a.B, a.S);
     bool ran = false;
@@ -570,6 +746,8 @@ struct CudaDev {
   }
 
   static bool backward_steps(const Tensor& like, const BackwardSteps& a) {
+    const Dims d{a.T, a.B, 0, a.S};
+    if (const TcPlan p = tc_plan(like, d); p.ok) return backward_steps_tc(like, a, p);
     const int device = like.get_device();
     const dim3 grid = fused_grid(a.B, a.S);
     bool ran = false;
@@ -645,8 +823,10 @@ struct CudaDev {
   }
 
   static Tensor bias_partial(const Tensor& like, const Dims& d, bool fused) {
-    const int64_t rows =
-        fused ? fused_block_rows(d.B) : backward_block_rows(d.B, d.S, like.get_device());
+    const TcPlan tc = fused ? tc_plan(like, d) : TcPlan{};
+    const int64_t rows = tc.ok   ? static_cast<int64_t>(tc.grid.y)
+                         : fused ? fused_block_rows(d.B)
+                                 : backward_block_rows(d.B, d.S, like.get_device());
     const int32_t acc_dtype = like.scalar_type() == torch::headeronly::ScalarType::Double
                                   ? aoti_torch_dtype_float64()
                                   : aoti_torch_dtype_float32();

@@ -678,7 +678,14 @@ def test_short_training_loop_loss_falls(device):
 PATHS = {
     "cublas": {"LLTM_OP_SEQUENCE_FUSED": "0"},
     "fused": {"LLTM_OP_SEQUENCE_FUSED": "1", "LLTM_OP_SEQUENCE_PERSISTENT": "0"},
-    "persistent": {"LLTM_OP_SEQUENCE_FUSED": "1", "LLTM_OP_SEQUENCE_PERSISTENT": "1"},
+    "persistent": {
+        "LLTM_OP_SEQUENCE_FUSED": "1",
+        "LLTM_OP_SEQUENCE_PERSISTENT": "1",
+        "LLTM_OP_SEQUENCE_TENSOR_CORES": "0",
+    },
+    # float16 / bfloat16 with S a multiple of 8 on sm_80+: the tensor-core
+    # persistent kernels; other dtypes and sizes take the default path.
+    "tensor_cores": {"LLTM_OP_SEQUENCE_TENSOR_CORES": "1"},
 }
 
 
@@ -706,6 +713,73 @@ def test_cuda_paths_match_the_reference(path, dtype, size):
         assert rel_err(o.cpu(), r) <= limit, name
     for name, a, r in zip(("input", "weights", "bias", "old_h", "old_cell"), args, ref_args):
         assert rel_err(a.grad.cpu(), r.grad) <= limit, f"grad of {name}"
+
+
+def _cuda_kernel_names(fn) -> list[str]:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize(
+    "size",
+    [(5, 3, 4, 8), (1, 5, 3, 16), (3, 70, 9, 40), (4, 16, 8, 64), (2, 33, 16, 136), (6, 130, 24, 256), (3, 300, 32, 128)],
+    ids=str,
+)
+def test_cuda_tensor_core_kernels_run_and_match_the_reference(dtype, size):
+    """The tensor-core persistent kernels (sm_80+): they run (one launch for
+    the forward, one per backward chunk) and match float64 on sizes off every
+    tile: B below one 16-row tile and past it (3, 70, 300: several batch
+    blocks), S = 8 and 40 (a half-filled k tile), T = 1, several chunks."""
+    need("cuda")
+    if torch.cuda.get_device_capability()[0] < 8:
+        pytest.skip("the tensor-core kernels need sm_80 or newer")
+    T, B, F, S = size
+    gen = torch.Generator().manual_seed(sum(size))
+    limit = {torch.float16: 1e-2, torch.bfloat16: 3e-2}[dtype]
+    chunks = min(2, T)
+    with env(LLTM_OP_SEQUENCE_TENSOR_CORES="1", LLTM_OP_SEQUENCE_CHUNKS=chunks):
+        args = [t.requires_grad_() for t in make_args(*size, dtype=dtype, device="cuda", generator=gen)]
+        ref_args = [t.detach().double().cpu().requires_grad_() for t in args]
+        ref = flat(reference(*ref_args))
+        grads = [torch.randn(r.shape, dtype=torch.float64, generator=gen) for r in ref]
+        out = []
+
+        def run():
+            out.extend(flat(lltm_sequence(*args)))
+            torch.autograd.backward(out, [g.to("cuda", dtype) for g in grads])
+
+        names = _cuda_kernel_names(run)
+        torch.autograd.backward(ref, grads)
+    assert sum("forward_tc_kernel" in n for n in names) == 1, names
+    assert sum("backward_tc_kernel" in n for n in names) == chunks, names
+    assert not any("fused_kernel" in n or "persistent_kernel" in n for n in names), names
+    for name, o, r in zip(("outputs", "h_n", "c_n"), out, ref):
+        assert rel_err(o.cpu(), r) <= limit, name
+    for name, a, r in zip(("input", "weights", "bias", "old_h", "old_cell"), args, ref_args):
+        assert rel_err(a.grad.cpu(), r.grad) <= limit, f"grad of {name}"
+
+
+@pytest.mark.cuda
+def test_cuda_tensor_core_kernels_read_a_misaligned_initial_state():
+    """old_h that starts at an odd element (a contiguous view of a larger
+    buffer): the kernel reads h in 16-byte loads, so it gets an aligned copy."""
+    need("cuda")
+    if torch.cuda.get_device_capability()[0] < 8:
+        pytest.skip("the tensor-core kernels need sm_80 or newer")
+    T, B, F, S = 4, 8, 8, 16
+    x, w, b, h0, c0 = make_args(T, B, F, S, dtype=torch.bfloat16, device="cuda")
+    h_odd = torch.empty(B * S + 1, dtype=torch.bfloat16, device="cuda")[1:].view(B, S)
+    h_odd.copy_(h0)
+    assert h_odd.data_ptr() % 16 != 0
+    with env(LLTM_OP_SEQUENCE_TENSOR_CORES="1"):
+        got = flat(lltm_sequence(x, w, b, h_odd, c0))
+    want = flat(reference(*(t.double() for t in (x, w, b, h0, c0))))
+    for g, r in zip(got, want):
+        assert rel_err(g.double(), r) <= 3e-2
 
 
 @pytest.mark.cuda

@@ -1,0 +1,226 @@
+"""lltm_sequence against nn.LSTM (cuDNN) over a grid of sizes: the sequence
+engine's scoreboard.
+
+    python bench/bench_lltm_sequence_grid.py [--out DIR] [--quick] [--repeat N]
+        [--T 64,256,1024] [--B 8,64,256] [--S 128,256,512,1024] [--dtypes bf16,f16,f32]
+
+For every (T, B, S = F, dtype) of the grid: forward+backward of a whole
+sequence (gradients of every output with respect to every input) and the
+forward alone under ``torch.no_grad`` (inference), synchronized wall time,
+median, each variant timed in alternating rounds in one process:
+
+* ``lltm_sequence``: the default engine choice (the tensor-core persistent
+  kernels where they apply, see the README's rule);
+* ``lltm_sequence, cuBLAS path``: one cuBLAS product and one cell kernel a
+  step (``LLTM_OP_SEQUENCE_FUSED=0``), the fallback;
+* ``nn.LSTM``: cuDNN, one layer, same T, B, input and hidden size.
+
+The LLTM has three gates to the LSTM's four: at equal efficiency it takes
+0.75x nn.LSTM's time, the target ratio. float32 is compared at one
+precision both ways: TF32 for both (``torch.backends.cuda.matmul.allow_tf32``
+and ``torch.backends.cudnn.allow_tf32``) and full float32 for both.
+
+Also: the recurrent product's achieved TFLOP/s (2 * B * S * 3S per step
+forward, twice that backward, over the measured time: a lower bound of what
+the engine reaches, the input products and the cell are not counted).
+
+--quick: two tiny sizes on the CPU (a smoke run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import torch
+from lltm_op import lltm_sequence
+from opscommon.bench import interleaved_wall_times_us
+
+DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+OURS = "lltm_sequence"
+CUBLAS = "lltm_sequence, cuBLAS path"
+LSTM = "nn.LSTM"
+
+
+def make_inputs(T, B, S, dtype, device, seed=0):
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    F = S
+
+    def rnd(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=gen) * scale).to(device, dtype).requires_grad_()
+
+    args = [
+        rnd(T, B, F),
+        rnd(3 * S, S + F, scale=S**-0.5),
+        rnd(3 * S, scale=0.1),
+        rnd(B, S),
+        rnd(B, S),
+    ]
+    lstm = torch.nn.LSTM(F, S, device=device, dtype=dtype)
+    lstm.flatten_parameters()
+    hx = (rnd(1, B, S), rnd(1, B, S))
+    grads = [torch.randn(T, B, S, generator=gen).to(device, dtype)] + [
+        torch.randn(B, S, generator=gen).to(device, dtype) for _ in range(2)
+    ]
+    return args, lstm, hx, grads
+
+
+def with_env(fn, **env):
+    def run():
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            return fn()
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+    return run
+
+
+def variants(args, lstm, hx, grads):
+    x = args[0]
+
+    def ours_train():
+        out, (h, c) = lltm_sequence(*args)
+        torch.autograd.backward([out, h, c], grads)
+
+    def ours_infer():
+        with torch.no_grad():
+            lltm_sequence(*args)
+
+    def lstm_train():
+        out, (h, c) = lstm(x, hx)
+        torch.autograd.backward([out, h[0], c[0]], grads)
+
+    def lstm_infer():
+        with torch.no_grad():
+            lstm(x, hx)
+
+    cublas = {"LLTM_OP_SEQUENCE_FUSED": "0"}
+    return {
+        "forward+backward": {
+            OURS: ours_train,
+            CUBLAS: with_env(ours_train, **cublas),
+            LSTM: lstm_train,
+        },
+        "forward": {
+            OURS: ours_infer,
+            CUBLAS: with_env(ours_infer, **cublas),
+            LSTM: lstm_infer,
+        },
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default=None)
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--repeat", type=int, default=15)
+    p.add_argument("--T", default="64,256,1024")
+    p.add_argument("--B", default="8,64,256")
+    p.add_argument("--S", default="128,256,512,1024")
+    p.add_argument("--dtypes", default="bf16,f16,f32")
+    a = p.parse_args()
+    device = "cpu" if a.quick or not torch.cuda.is_available() else "cuda"
+    if a.quick:
+        grid = [(4, 3, 16, "f32"), (3, 5, 16, "bf16")]
+    else:
+        ints = lambda s: [int(v) for v in s.split(",")]  # noqa: E731
+        grid = [(T, B, S, d) for d in a.dtypes.split(",") for S in ints(a.S) for B in ints(a.B) for T in ints(a.T)]
+    precisions = {"f32": [("TF32", True), ("full", False)]}
+    rows = []
+    header = f"{'T':>5} {'B':>4} {'S':>5} {'dtype':>9} {'mode':>16} {'ours ms':>8} {'cuBLAS':>8} {'LSTM ms':>8} {'ratio':>6} {'TFLOP/s':>7}"
+    print(f"device: {torch.cuda.get_device_name() if device == 'cuda' else 'cpu'}, torch {torch.__version__}")
+    print(header)
+    for T, B, S, dname in grid:
+        dtype = DTYPES[dname]
+        for label, tf32 in precisions.get(dname, [("", None)]):
+            if tf32 is not None:
+                torch.backends.cuda.matmul.allow_tf32 = tf32
+                torch.backends.cudnn.allow_tf32 = tf32
+            try:
+                args, lstm, hx, grads = make_inputs(T, B, S, dtype, device)
+                fns = variants(args, lstm, hx, grads)
+                for mode, group in fns.items():
+                    times = interleaved_wall_times_us(group, warmup=2, repeat=a.repeat)
+                    flops = 2 * T * B * S * 3 * S * (3 if mode == "forward+backward" else 1)
+                    ratio = times[OURS] / times[LSTM]
+                    tflops = flops / (times[OURS] * 1e-6) / 1e12
+                    dlabel = dname + (f" {label}" if label else "")
+                    row = {
+                        "T": T,
+                        "B": B,
+                        "S": S,
+                        "F": S,
+                        "dtype": dlabel,
+                        "mode": mode,
+                        "ours_ms": times[OURS] / 1e3,
+                        "cublas_ms": times[CUBLAS] / 1e3,
+                        "lstm_ms": times[LSTM] / 1e3,
+                        "ratio_vs_lstm": ratio,
+                        "recurrent_tflops": tflops,
+                    }
+                    rows.append(row)
+                    print(
+                        f"{T:>5} {B:>4} {S:>5} {dlabel:>9} {mode:>16} {row['ours_ms']:>8.3f} "
+                        f"{row['cublas_ms']:>8.3f} {row['lstm_ms']:>8.3f} {ratio:>6.2f} {tflops:>7.1f}",
+                        flush=True,
+                    )
+                del args, lstm, hx, grads, fns
+            finally:
+                torch.backends.cuda.matmul.allow_tf32 = False
+                torch.backends.cudnn.allow_tf32 = True
+            if device == "cuda":
+                torch.cuda.empty_cache()
+    if a.out:
+        out = Path(a.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "lltm_sequence_grid.json").write_text(json.dumps(rows, indent=1))
+        md = ["| T | B | S = F | dtype | mode | lltm_sequence ms | cuBLAS path ms | nn.LSTM ms | ratio | TFLOP/s |"]
+        md.append("|---|---|---|---|---|---|---|---|---|---|")
+        for r in rows:
+            md.append(
+                f"| {r['T']} | {r['B']} | {r['S']} | {r['dtype']} | {r['mode']} | {r['ours_ms']:.3f} | "
+                f"{r['cublas_ms']:.3f} | {r['lstm_ms']:.3f} | {r['ratio_vs_lstm']:.2f} | {r['recurrent_tflops']:.1f} |"
+            )
+        (out / "lltm_sequence_grid.md").write_text("\n".join(md) + "\n")
+        plot(rows, out / "lltm_sequence_grid.png")
+
+
+def plot(rows, path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no plot written")
+        return
+    modes = sorted({r["mode"] for r in rows})
+    fig, axes = plt.subplots(1, len(modes), figsize=(7 * len(modes), 4.5), squeeze=False)
+    for ax, mode in zip(axes[0], modes):
+        for dtype in dict.fromkeys(r["dtype"] for r in rows):
+            pts = [r for r in rows if r["mode"] == mode and r["dtype"] == dtype]
+            xs = [r["T"] * r["B"] * r["S"] * r["S"] for r in pts]
+            ax.scatter(xs, [r["ratio_vs_lstm"] for r in pts], label=dtype, s=14)
+        ax.axhline(0.75, linestyle="--", color="gray", label="target 0.75")
+        ax.axhline(1.0, linestyle=":", color="gray")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("T * B * S^2 (recurrent work)")
+        ax.set_ylabel("lltm_sequence / nn.LSTM time")
+        ax.set_title(mode)
+        ax.legend(fontsize=7)
+        ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()

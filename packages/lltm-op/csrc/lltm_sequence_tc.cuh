@@ -1,0 +1,439 @@
+// lltm_op: the tensor-core persistent kernels of the LLTM sequence (float16
+// and bfloat16, sm_80+). Included by lltm_sequence_cuda.cu inside its
+// anonymous namespace (it uses that file's to_acc / to_storage / MathFor and
+// row_barrier).
+//
+// One launch runs every step of the forward (or of a backward chunk). The
+// grid is (column blocks) x (batch blocks), all resident at once:
+//
+// * a block owns NJ = 8 * Q state columns j0 .. j0 + NJ - 1 and bm batch rows;
+//   its slice of the recurrent weights (forward: the 3 * NJ columns of W_h^T
+//   of its columns' three gates, K = S; backward: the NJ columns of W_h,
+//   K = 3S) is loaded ONCE into shared memory, already in the register
+//   layout of the tensor cores' B operand, and stays there for every step;
+// * each step, the block's warps multiply the previous step's state rows
+//   (h_{t-1} forward, dG_{t+1} backward; written by other blocks, read from
+//   L2 straight into A-operand registers) by that slice with
+//   mma.sync.m16n8k16 (float32 accumulation), split over the k dimension
+//   when the block has fewer 16-row tiles than warps (then reduced in shared
+//   memory), and finish the cell in registers: an accumulator element of
+//   gate g sits in the same thread, at the same (row, column), for all three
+//   gates;
+// * the blocks of a batch block meet at a barrier between steps (row_barrier).
+//
+// Same arithmetic contract as the other paths: float32 products and cell,
+// the pre-activation rounded to the storage type before the cell (what the
+// backward recomputes from), bias gradient summed per block row in a fixed
+// order (deterministic).
+#pragma once
+
+namespace tc {
+
+constexpr int kTcWarps = 8;
+constexpr int kTcThreads = 32 * kTcWarps;
+// Batch rows a block may own: past this a step's cuBLAS product is the
+// better engine (the block would re-read too much state a step).
+constexpr int64_t kTcMaxRows = 128;
+
+template <typename T>
+__device__ __forceinline__ uint16_t bits_of(T v) {
+  uint16_t b;
+  memcpy(&b, &v, sizeof(b));
+  return b;
+}
+
+// D += A B for one 16x8x16 tile (row-major A, column-major B, float32 D).
+template <typename T>
+__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint2 b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (std::is_same_v<T, opscommon::BFloat16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b.x), "r"(b.y));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b.x), "r"(b.y));
+  }
+#else
+  __trap();  // never launched below sm_80 (the host checks the device)
+#endif
+}
+
+// How a block splits its work over its warps: I = bm / 16 row tiles; with
+// fewer tiles than warps, KS warps share a tile's k range.
+struct Split {
+  int I, KS;
+  __host__ __device__ Split(int64_t bm) : I(static_cast<int>(bm / 16)) {
+    KS = I >= kTcWarps ? 1 : kTcWarps / I;
+  }
+};
+
+// The k dimension is read in chunks of 32: a thread loads 8 consecutive
+// elements (16 bytes) of each of its two rows per chunk, and the chunk's two
+// 16-wide k tiles are a permutation of those 32 k values, the same one in
+// the weight fragments (see load_weights): logical k l of tile 2c + sub is
+// k = 32c + 8 (l % 8 / 2) + 4 sub + 2 (l / 8) + l % 2.
+__device__ __forceinline__ int64_t permuted_k(int64_t kt, int l) {
+  return 32 * (kt / 2) + 8 * ((l % 8) / 2) + 4 * (kt % 2) + 2 * (l / 8) + l % 2;
+}
+
+// Shared memory of a block: the weight slice (KT x NT fragments of 32 lanes
+// x 8 bytes), the k-split reduction, the bias sums (backward).
+__host__ __device__ inline size_t weight_bytes(int64_t KT, int NT) {
+  return static_cast<size_t>(KT) * NT * 32 * sizeof(uint2);
+}
+__host__ __device__ inline size_t reduce_bytes(const Split& s, int nacc) {
+  return static_cast<size_t>(s.KS - 1) * s.I * nacc * 32 * sizeof(float);
+}
+inline size_t forward_smem(int64_t S, int Q, int64_t bm) {
+  const Split s(bm);
+  return weight_bytes(2 * ((S + 31) / 32), 3 * Q) + reduce_bytes(s, 12 * Q);
+}
+inline size_t backward_smem(int64_t S, int Q, int64_t bm) {
+  const Split s(bm);
+  return weight_bytes(2 * ((3 * S + 31) / 32), Q) + reduce_bytes(s, 4 * Q) +
+         static_cast<size_t>(s.I) * 3 * 8 * Q * sizeof(float);
+}
+
+// Fill the block's weight fragments: fragment (kt, nt) of lane l holds the
+// B operand of k tile kt (logical rows 2 (l % 4) + {0, 1} and + {8, 9}, each
+// mapped to its k by permuted_k), column l / 4 of tile nt; `w(k, nt, n)`
+// returns the bits of one element (zero outside the matrix).
+template <typename Fn>
+__device__ __forceinline__ void load_weights(uint2* frag, int64_t KT, int NT, Fn w) {
+  for (int64_t e = threadIdx.x; e < KT * NT * 32; e += blockDim.x) {
+    const int lane = static_cast<int>(e % 32);
+    const int64_t tile = e / 32;
+    const int nt = static_cast<int>(tile % NT);
+    const int64_t kt = tile / NT;
+    const int l = 2 * (lane & 3);  // logical k of b0's first element
+    const int n = lane >> 2;
+    uint2 f;
+    f.x = uint32_t(w(permuted_k(kt, l), nt, n)) | (uint32_t(w(permuted_k(kt, l + 1), nt, n)) << 16);
+    f.y = uint32_t(w(permuted_k(kt, l + 8), nt, n)) |
+          (uint32_t(w(permuted_k(kt, l + 9), nt, n)) << 16);
+    frag[e] = f;
+  }
+  __syncthreads();
+}
+
+constexpr int kGroup = 4;  // chunks whose loads are in flight together
+
+// Loads of chunks c .. c + kGroup - 1 of both rows (zero past chunk c1 and
+// past the row's K elements, K a multiple of 8: a thread's 8 are all in or
+// all out).
+__device__ __forceinline__ void load_group(uint4 (&v)[kGroup][2], const void* ra, const void* rb,
+                                           int64_t K, int64_t c, int64_t c1) {
+  const int tig = threadIdx.x & 3;
+#pragma unroll
+  for (int u = 0; u < kGroup; ++u) {
+    const int64_t off = (c + u) * 32 + 8 * tig;  // elements
+    if (c + u < c1 && off < K) {
+      v[u][0] = __ldcg(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(ra) + off));
+      v[u][1] = __ldcg(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(rb) + off));
+    } else {
+      v[u][0] = make_uint4(0, 0, 0, 0);
+      v[u][1] = make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
+template <typename T, int NT>
+__device__ __forceinline__ void mma_group(float (&acc)[NT][4], const uint4 (&v)[kGroup][2],
+                                          int64_t c, int64_t c1, const uint2* frag) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int u = 0; u < kGroup; ++u) {
+    if (c + u >= c1) break;
+    const uint32_t lo[4] = {v[u][0].x, v[u][1].x, v[u][0].y, v[u][1].y};
+    const uint32_t hi[4] = {v[u][0].z, v[u][1].z, v[u][0].w, v[u][1].w};
+    const uint2* f = frag + (c + u) * 2 * NT * 32 + lane;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) mma16816<T>(acc[nt], lo, f[nt * 32]);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) mma16816<T>(acc[nt], hi, f[(NT + nt) * 32]);
+  }
+}
+
+// acc[nt] += A[rows ra, rb; chunks c0 .. c1) @ fragments. A is row-major with
+// K columns, its rows 16-byte aligned, K a multiple of 8. A is read from L2 (other blocks of this launch wrote it), two groups of
+// chunks in flight.
+template <typename T, int NT>
+__device__ __forceinline__ void tile_product(float (&acc)[NT][4], const T* a_ra, const T* a_rb,
+                                             int64_t K, int64_t c0, int64_t c1,
+                                             const uint2* frag) {
+  uint4 va[kGroup][2], vb[kGroup][2];
+  load_group(va, a_ra, a_rb, K, c0, c1);
+  for (int64_t c = c0; c < c1; c += 2 * kGroup) {
+    load_group(vb, a_ra, a_rb, K, c + kGroup, c1);
+    mma_group<T, NT>(acc, va, c, c1, frag);
+    load_group(va, a_ra, a_rb, K, c + 2 * kGroup, c1);
+    mma_group<T, NT>(acc, vb, c + kGroup, c1, frag);
+  }
+}
+
+// Sum the k-split partial accumulators into those of the ks == 0 warps.
+// Every thread of the block calls it (it holds a barrier).
+template <int NACC>
+__device__ __forceinline__ void reduce_k_split(float* acc, float* red, const Split& s, int warp,
+                                               bool active) {
+  const int lane = threadIdx.x & 31;
+  const int ks = warp / s.I, mt = warp % s.I;
+  if (active && ks > 0) {
+    float* dst = red + ((ks - 1) * s.I + mt) * NACC * 32 + lane;
+#pragma unroll
+    for (int e = 0; e < NACC; ++e) dst[e * 32] = acc[e];
+  }
+  __syncthreads();
+  if (active && ks == 0) {
+    for (int p = 1; p < s.KS; ++p) {
+      const float* src = red + ((p - 1) * s.I + mt) * NACC * 32 + lane;
+#pragma unroll
+      for (int e = 0; e < NACC; ++e) acc[e] += src[e * 32];
+    }
+  }
+}
+
+// -- forward --------------------------------------------------------------------------------
+
+// Row tile mt of the block: the cell of its rows, for the block's columns.
+template <typename T, int Q>
+__device__ __forceinline__ void forward_epilogue(const float (&acc)[3 * Q][4], int64_t B,
+                                                 int64_t S, int64_t row0, int64_t j0, T* gates,
+                                                 const T* bias, const T* c_prev, T* h, T* c,
+                                                 T* h_n, T* c_n) {
+  using A = float;
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int64_t row = row0 + (lane >> 2) + 8 * half;
+    if (row >= B) continue;
+    T* gr = gates + row * 3 * S;
+#pragma unroll
+    for (int q = 0; q < Q; ++q) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int64_t j = j0 + 8 * q + 2 * (lane & 3) + e;
+        if (j >= S) continue;
+        A pre[3];
+#pragma unroll
+        for (int g = 0; g < 3; ++g) {
+          const int64_t col = g * S + j;
+          const T v = to_storage<T>(to_acc(gr[col]) + acc[g * Q + q][2 * half + e] +
+                                    to_acc(bias[col]));
+          gr[col] = v;
+          pre[g] = to_acc(v);
+        }
+        const int64_t i = row * S + j;
+        A nh, nc;
+        cell_forward_math<A, MathFor<T>>(pre[0], pre[1], pre[2], to_acc(c_prev[i]), nh, nc);
+        const T hv = to_storage<T>(nh), cv = to_storage<T>(nc);
+        h[i] = hv;
+        c[i] = cv;
+        if (h_n != nullptr) {
+          h_n[i] = hv;
+          c_n[i] = cv;
+        }
+      }
+    }
+  }
+}
+
+template <typename T, int Q>
+__global__ void __launch_bounds__(kTcThreads, 1)
+    forward_tc_kernel(int64_t steps, int64_t B, int64_t S, int64_t bm, T* gates, const T* bias,
+                      const T* h0, const T* w_hT, const T* c0, T* outs, T* cells, T* h_n, T* c_n,
+                      unsigned long long* arrivals) {
+  constexpr int NT = 3 * Q, NACC = 4 * NT;
+  extern __shared__ __align__(16) unsigned char smem[];
+  const Split sp(bm);
+  const int64_t KC = (S + 31) / 32, KT = 2 * KC;  // k chunks of 32, tiles of 16
+  uint2* frag = reinterpret_cast<uint2*>(smem);
+  float* red = reinterpret_cast<float*>(smem + weight_bytes(KT, NT));
+  const int64_t j0 = static_cast<int64_t>(blockIdx.x) * 8 * Q;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * bm;
+  // Tile nt = g * Q + q: gate g, columns j0 + 8q .. + 7. W_h^T is [S, 3S].
+  load_weights(frag, KT, NT, [&](int64_t k, int nt, int n) -> uint16_t {
+    const int64_t j = j0 + 8 * (nt % Q) + n;
+    if (k >= S || j >= S) return 0;
+    return bits_of(w_hT[k * 3 * S + (nt / Q) * S + j]);
+  });
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t step_gates = B * 3 * S, step_state = B * S;
+  for (int64_t t = 0; t < steps; ++t) {
+    const bool last = t == steps - 1;
+    const T* h_prev = t ? outs + (t - 1) * step_state : h0;
+    const T* c_prev = t ? cells + (t - 1) * step_state : c0;
+    T* g_t = gates + t * step_gates;
+    auto tile = [&](int mt, int64_t c0, int64_t c1, float (&acc)[NT][4]) {
+      const int64_t ra = std::min<int64_t>(r0 + 16 * mt + (lane >> 2), B - 1);
+      const int64_t rb = std::min<int64_t>(ra + 8, B - 1);
+      tile_product<T, NT>(acc, h_prev + ra * S, h_prev + rb * S, S, c0, c1, frag);
+    };
+    if (sp.KS == 1) {
+      for (int mt = warp; mt < sp.I; mt += kTcWarps) {
+        float acc[NT][4] = {};
+        tile(mt, 0, KC, acc);
+        forward_epilogue<T, Q>(acc, B, S, r0 + 16 * mt, j0, g_t, bias, c_prev,
+                               outs + t * step_state, cells + t * step_state,
+                               last ? h_n : nullptr, last ? c_n : nullptr);
+      }
+    } else {
+      const bool active = warp < sp.I * sp.KS;
+      const int ks = warp / sp.I, mt = warp % sp.I;
+      float acc[NT][4] = {};
+      if (active) tile(mt, KC * ks / sp.KS, KC * (ks + 1) / sp.KS, acc);
+      reduce_k_split<NACC>(&acc[0][0], red, sp, warp, active);
+      if (active && ks == 0) {
+        forward_epilogue<T, Q>(acc, B, S, r0 + 16 * mt, j0, g_t, bias, c_prev,
+                               outs + t * step_state, cells + t * step_state,
+                               last ? h_n : nullptr, last ? c_n : nullptr);
+      }
+    }
+    // row_barrier starts with __syncthreads: the reduction buffer is free
+    // again before the next step writes it.
+    if (!last) row_barrier(arrivals, static_cast<unsigned long long>(t + 1) * gridDim.x);
+  }
+}
+
+// -- backward -------------------------------------------------------------------------------
+
+// Row tile mt: dh = acc (+ grad_out + extra), the cell's backward, dG and
+// dc written, this tile's bias-gradient column sums into bsum[mt].
+template <typename T, int Q>
+__device__ __forceinline__ void backward_epilogue(const float (&acc)[Q][4], int64_t B, int64_t S,
+                                                  int64_t row0, int64_t j0, const T* go,
+                                                  const T* extra, const T* dc_in, const T* g_t,
+                                                  const T* c_prev, T* dg, T* dc_out,
+                                                  float* bsum) {
+  using A = float;
+  const int lane = threadIdx.x & 31;
+  const int64_t S3 = 3 * S;
+  float sums[Q][2][3] = {};
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int64_t row = row0 + (lane >> 2) + 8 * half;
+    if (row >= B) continue;
+#pragma unroll
+    for (int q = 0; q < Q; ++q) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int64_t j = j0 + 8 * q + 2 * (lane & 3) + e;
+        if (j >= S) continue;
+        const int64_t i = row * S + j;
+        A grad_h = acc[q][2 * half + e];
+        if (go != nullptr) grad_h += to_acc(go[i]);
+        if (extra != nullptr) grad_h += to_acc(extra[i]);
+        const A grad_c = dc_in != nullptr ? to_acc(dc_in[i]) : A(0);
+        const T* g = g_t + row * S3;
+        A d3[3], d_c;
+        cell_backward_math<A, MathFor<T>>(grad_h, grad_c, to_acc(g[j]), to_acc(g[S + j]),
+                                          to_acc(g[2 * S + j]), to_acc(c_prev[i]), d3[0], d3[1],
+                                          d3[2], d_c);
+        T* d = dg + row * S3;
+#pragma unroll
+        for (int k = 0; k < 3; ++k) {
+          const T v = to_storage<T>(d3[k]);
+          d[k * S + j] = v;
+          sums[q][e][k] += d3[k];
+        }
+        dc_out[i] = to_storage<T>(d_c);
+      }
+    }
+  }
+  // Column sums over the tile's 16 rows: lanes with the same lane % 4 hold
+  // the same columns.
+#pragma unroll
+  for (int q = 0; q < Q; ++q) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+#pragma unroll
+      for (int k = 0; k < 3; ++k) {
+        float v = sums[q][e][k];
+        v += __shfl_xor_sync(0xffffffffu, v, 4);
+        v += __shfl_xor_sync(0xffffffffu, v, 8);
+        v += __shfl_xor_sync(0xffffffffu, v, 16);
+        if (lane < 4) bsum[k * 8 * Q + 8 * q + 2 * lane + e] = v;
+      }
+    }
+  }
+}
+
+template <typename T, int Q>
+__global__ void __launch_bounds__(kTcThreads, 1)
+    backward_tc_kernel(int64_t T_, int64_t t0, int64_t t1, int64_t K, int64_t B, int64_t S,
+                       int64_t bm, const T* go, const T* ghn, const T* gcn, T* dG, const T* w_h,
+                       int64_t ld, T* dc, const T* gates, const T* cells, const T* c0,
+                       float* partial, unsigned long long* arrivals) {
+  constexpr int NT = Q, NACC = 4 * NT, NJ = 8 * Q;
+  extern __shared__ __align__(16) unsigned char smem[];
+  const Split sp(bm);
+  const int64_t S3 = 3 * S, KC = (S3 + 31) / 32, KT = 2 * KC;
+  uint2* frag = reinterpret_cast<uint2*>(smem);
+  float* red = reinterpret_cast<float*>(smem + weight_bytes(KT, NT));
+  float* bsum = red + reduce_bytes(sp, NACC) / sizeof(float);  // [I][3 * NJ]
+  const int64_t j0 = static_cast<int64_t>(blockIdx.x) * NJ;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * bm;
+  // Tile nt: columns j0 + 8 nt .. + 7 of W_h ([3S, S], rows of stride ld).
+  load_weights(frag, KT, NT, [&](int64_t k, int nt, int n) -> uint16_t {
+    const int64_t j = j0 + 8 * nt + n;
+    if (k >= S3 || j >= S) return 0;
+    return bits_of(w_h[k * ld + j]);
+  });
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t step_gates = B * S3, step_state = B * S;
+  for (int64_t t = t1 - 1; t >= t0; --t) {
+    const bool last = t == T_ - 1;
+    const int64_t next_slot = t + 1 < t1 ? t + 1 - t0 : K;
+    const T* dG_next = dG + next_slot * step_gates;
+    const T* go_t = go ? go + t * step_state : nullptr;
+    const T* extra = last ? ghn : nullptr;
+    const T* dc_in = last ? gcn : dc;
+    const T* g_t = gates + t * step_gates;
+    const T* c_prev = t ? cells + (t - 1) * step_state : c0;
+    T* dg_t = dG + (t - t0) * step_gates;
+    auto tile = [&](int mt, int64_t c0, int64_t c1, float (&acc)[NT][4]) {
+      if (last) return;  // no step after the last: no recurrent gradient
+      const int64_t ra = std::min<int64_t>(r0 + 16 * mt + (lane >> 2), B - 1);
+      const int64_t rb = std::min<int64_t>(ra + 8, B - 1);
+      tile_product<T, NT>(acc, dG_next + ra * S3, dG_next + rb * S3, S3, c0, c1, frag);
+    };
+    if (sp.KS == 1) {
+      for (int mt = warp; mt < sp.I; mt += kTcWarps) {
+        float acc[NT][4] = {};
+        tile(mt, 0, KC, acc);
+        backward_epilogue<T, Q>(acc, B, S, r0 + 16 * mt, j0, go_t, extra, dc_in, g_t, c_prev,
+                                dg_t, dc, bsum + mt * 3 * NJ);
+      }
+    } else {
+      const bool active = warp < sp.I * sp.KS;
+      const int ks = warp / sp.I, mt = warp % sp.I;
+      float acc[NT][4] = {};
+      if (active) tile(mt, KC * ks / sp.KS, KC * (ks + 1) / sp.KS, acc);
+      reduce_k_split<NACC>(&acc[0][0], red, sp, warp, active);
+      if (active && ks == 0) {
+        backward_epilogue<T, Q>(acc, B, S, r0 + 16 * mt, j0, go_t, extra, dc_in, g_t, c_prev,
+                                dg_t, dc, bsum + mt * 3 * NJ);
+      }
+    }
+    __syncthreads();
+    // The block's bias-gradient sums, its row tiles in order (deterministic):
+    // this block alone adds to these (block row, column) entries.
+    for (int e = threadIdx.x; e < 3 * NJ; e += blockDim.x) {
+      const int k = e / NJ, c = e % NJ;
+      const int64_t j = j0 + c;
+      if (j >= S) continue;
+      float s = 0.f;
+      for (int mt = 0; mt < sp.I; ++mt) s += bsum[mt * 3 * NJ + e];
+      partial[static_cast<int64_t>(blockIdx.y) * S3 + k * S + j] += s;
+    }
+    if (t > t0) row_barrier(arrivals, static_cast<unsigned long long>(t1 - t) * gridDim.x);
+  }
+}
+
+}  // namespace tc
