@@ -199,50 +199,50 @@ __device__ __forceinline__ void reduce_k_split(float* acc, float* red, const Spl
   }
 }
 
-// -- forward --------------------------------------------------------------------------------
+// -- per-thread state -----------------------------------------------------------------------
+//
+// A block has at most kTcMaxRows = 128 rows, so at most 8 row tiles: warp w
+// < I owns row tile w (rows r0 + 16 w + lane / 4 and + 8) for the block's
+// columns j0 + 8 q + 2 (lane % 4) + {0, 1}, q < Q, every step. What it owns
+// stays in registers across steps (the cell state forward, its gradient
+// backward, the bias), and the next step's inputs that no other block
+// writes are loaded before the barrier, so their latency hides behind it.
 
-// Row tile mt of the block: the cell of its rows, for the block's columns.
-template <typename T, int Q>
-__device__ __forceinline__ void forward_epilogue(const float (&acc)[3 * Q][4], int64_t B,
-                                                 int64_t S, int64_t row0, int64_t j0, T* gates,
-                                                 const T* bias, const T* c_prev, T* h, T* c,
-                                                 T* h_n, T* c_n) {
-  using A = float;
-  const int lane = threadIdx.x & 31;
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int64_t row = row0 + (lane >> 2) + 8 * half;
-    if (row >= B) continue;
-    T* gr = gates + row * 3 * S;
-#pragma unroll
-    for (int q = 0; q < Q; ++q) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int64_t j = j0 + 8 * q + 2 * (lane & 3) + e;
-        if (j >= S) continue;
-        A pre[3];
-#pragma unroll
-        for (int g = 0; g < 3; ++g) {
-          const int64_t col = g * S + j;
-          const T v = to_storage<T>(to_acc(gr[col]) + acc[g * Q + q][2 * half + e] +
-                                    to_acc(bias[col]));
-          gr[col] = v;
-          pre[g] = to_acc(v);
-        }
-        const int64_t i = row * S + j;
-        A nh, nc;
-        cell_forward_math<A, MathFor<T>>(pre[0], pre[1], pre[2], to_acc(c_prev[i]), nh, nc);
-        const T hv = to_storage<T>(nh), cv = to_storage<T>(nc);
-        h[i] = hv;
-        c[i] = cv;
-        if (h_n != nullptr) {
-          h_n[i] = hv;
-          c_n[i] = cv;
-        }
-      }
-    }
-  }
+template <typename T>
+__device__ __forceinline__ T from_bits(uint16_t b) {
+  T v;
+  memcpy(&v, &b, sizeof(v));
+  return v;
 }
+template <typename T>
+__device__ __forceinline__ float low_of(uint32_t w) {
+  return to_acc(from_bits<T>(static_cast<uint16_t>(w & 0xffffu)));
+}
+template <typename T>
+__device__ __forceinline__ float high_of(uint32_t w) {
+  return to_acc(from_bits<T>(static_cast<uint16_t>(w >> 16)));
+}
+template <typename T>
+__device__ __forceinline__ float elem_of(uint32_t w, int e) {
+  return e ? high_of<T>(w) : low_of<T>(w);
+}
+// Two elements at p, p + 1 read one at a time (p may be 2-byte aligned only).
+template <typename T>
+__device__ __forceinline__ uint32_t load_two(const T* p) {
+  return uint32_t(bits_of(p[0])) | (uint32_t(bits_of(p[1])) << 16);
+}
+// Two elements to p, 4-byte aligned (buffers this op allocated, even offsets).
+__device__ __forceinline__ void store_pair(void* p, uint32_t v) { *static_cast<uint32_t*>(p) = v; }
+
+template <typename T>
+__device__ __forceinline__ uint32_t pack_rounded(float a, float b, float& ra, float& rb) {
+  const T x = to_storage<T>(a), y = to_storage<T>(b);
+  ra = to_acc(x);
+  rb = to_acc(y);
+  return uint32_t(bits_of(x)) | (uint32_t(bits_of(y)) << 16);
+}
+
+// -- forward --------------------------------------------------------------------------------
 
 template <typename T, int Q>
 __global__ void __launch_bounds__(kTcThreads, 1)
@@ -264,36 +264,95 @@ __global__ void __launch_bounds__(kTcThreads, 1)
     return bits_of(w_hT[k * 3 * S + (nt / Q) * S + j]);
   });
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t step_gates = B * 3 * S, step_state = B * S;
+  const int64_t S3 = 3 * S, step_gates = B * S3, step_state = B * S;
+  const bool active = warp < sp.I * sp.KS, owner = warp < sp.I;
+  const int ks = warp / sp.I, mt = warp % sp.I;
+  const int64_t row_base = r0 + 16 * mt + (lane >> 2);
+  const int64_t col_base = j0 + 2 * (lane & 3);
+  auto valid = [&](int half, int q) { return row_base + 8 * half < B && col_base + 8 * q < S; };
+  auto at = [&](int half, int q) { return (row_base + 8 * half) * S + col_base + 8 * q; };
+
+  float c_reg[Q][2][2] = {}, b_reg[3][Q][2] = {};
+  uint32_t p_next[3][Q][2] = {};  // P_t of (gate, q, half): two columns
+  auto prefetch_p = [&](int64_t t) {
+    const T* g_t = gates + t * step_gates;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+#pragma unroll
+      for (int q = 0; q < Q; ++q) {
+        if (!valid(half, q)) continue;
+        const int64_t row = row_base + 8 * half, j = col_base + 8 * q;
+#pragma unroll
+        for (int g = 0; g < 3; ++g) p_next[g][q][half] = *reinterpret_cast<const uint32_t*>(g_t + row * S3 + g * S + j);
+      }
+    }
+  };
+  if (owner) {
+#pragma unroll
+    for (int q = 0; q < Q; ++q) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        if (!valid(half, q)) continue;
+        const uint32_t c2 = load_two(c0 + at(half, q));
+        c_reg[q][half][0] = low_of<T>(c2);
+        c_reg[q][half][1] = high_of<T>(c2);
+      }
+#pragma unroll
+      for (int g = 0; g < 3; ++g) {
+        if (col_base + 8 * q >= S) continue;
+        const uint32_t b2 = load_two(bias + g * S + col_base + 8 * q);
+        b_reg[g][q][0] = low_of<T>(b2);
+        b_reg[g][q][1] = high_of<T>(b2);
+      }
+    }
+    prefetch_p(0);
+  }
+
   for (int64_t t = 0; t < steps; ++t) {
     const bool last = t == steps - 1;
     const T* h_prev = t ? outs + (t - 1) * step_state : h0;
-    const T* c_prev = t ? cells + (t - 1) * step_state : c0;
-    T* g_t = gates + t * step_gates;
-    auto tile = [&](int mt, int64_t c0, int64_t c1, float (&acc)[NT][4]) {
-      const int64_t ra = std::min<int64_t>(r0 + 16 * mt + (lane >> 2), B - 1);
-      const int64_t rb = std::min<int64_t>(ra + 8, B - 1);
-      tile_product<T, NT>(acc, h_prev + ra * S, h_prev + rb * S, S, c0, c1, frag);
-    };
-    if (sp.KS == 1) {
-      for (int mt = warp; mt < sp.I; mt += kTcWarps) {
-        float acc[NT][4] = {};
-        tile(mt, 0, KC, acc);
-        forward_epilogue<T, Q>(acc, B, S, r0 + 16 * mt, j0, g_t, bias, c_prev,
-                               outs + t * step_state, cells + t * step_state,
-                               last ? h_n : nullptr, last ? c_n : nullptr);
+    float acc[NT][4] = {};
+    if (active) {
+      const int64_t ra = std::min<int64_t>(row_base, B - 1);
+      const int64_t rb = std::min<int64_t>(row_base + 8, B - 1);
+      tile_product<T, NT>(acc, h_prev + ra * S, h_prev + rb * S, S, KC * ks / sp.KS,
+                          KC * (ks + 1) / sp.KS, frag);
+    }
+    if (sp.KS > 1) reduce_k_split<NACC>(&acc[0][0], red, sp, warp, active);
+    if (owner) {
+      T* g_t = gates + t * step_gates;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+#pragma unroll
+        for (int q = 0; q < Q; ++q) {
+          if (!valid(half, q)) continue;
+          const int64_t row = row_base + 8 * half, j = col_base + 8 * q, i = row * S + j;
+          float pre[3][2];
+#pragma unroll
+          for (int g = 0; g < 3; ++g) {
+            const uint32_t packed = pack_rounded<T>(
+                low_of<T>(p_next[g][q][half]) + acc[g * Q + q][2 * half] + b_reg[g][q][0],
+                high_of<T>(p_next[g][q][half]) + acc[g * Q + q][2 * half + 1] + b_reg[g][q][1],
+                pre[g][0], pre[g][1]);
+            store_pair(g_t + row * S3 + g * S + j, packed);
+          }
+          float nh[2], nc[2];
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            cell_forward_math<float, MathFor<T>>(pre[0][e], pre[1][e], pre[2][e], c_reg[q][half][e],
+                                                 nh[e], nc[e]);
+          }
+          const uint32_t hv = pack_rounded<T>(nh[0], nh[1], nh[0], nh[1]);
+          const uint32_t cv = pack_rounded<T>(nc[0], nc[1], c_reg[q][half][0], c_reg[q][half][1]);
+          store_pair(outs + t * step_state + i, hv);
+          store_pair(cells + t * step_state + i, cv);
+          if (last) {
+            store_pair(h_n + i, hv);
+            store_pair(c_n + i, cv);
+          }
+        }
       }
-    } else {
-      const bool active = warp < sp.I * sp.KS;
-      const int ks = warp / sp.I, mt = warp % sp.I;
-      float acc[NT][4] = {};
-      if (active) tile(mt, KC * ks / sp.KS, KC * (ks + 1) / sp.KS, acc);
-      reduce_k_split<NACC>(&acc[0][0], red, sp, warp, active);
-      if (active && ks == 0) {
-        forward_epilogue<T, Q>(acc, B, S, r0 + 16 * mt, j0, g_t, bias, c_prev,
-                               outs + t * step_state, cells + t * step_state,
-                               last ? h_n : nullptr, last ? c_n : nullptr);
-      }
+      if (!last) prefetch_p(t + 1);
     }
     // row_barrier starts with __syncthreads: the reduction buffer is free
     // again before the next step writes it.
@@ -302,67 +361,6 @@ __global__ void __launch_bounds__(kTcThreads, 1)
 }
 
 // -- backward -------------------------------------------------------------------------------
-
-// Row tile mt: dh = acc (+ grad_out + extra), the cell's backward, dG and
-// dc written, this tile's bias-gradient column sums into bsum[mt].
-template <typename T, int Q>
-__device__ __forceinline__ void backward_epilogue(const float (&acc)[Q][4], int64_t B, int64_t S,
-                                                  int64_t row0, int64_t j0, const T* go,
-                                                  const T* extra, const T* dc_in, const T* g_t,
-                                                  const T* c_prev, T* dg, T* dc_out,
-                                                  float* bsum) {
-  using A = float;
-  const int lane = threadIdx.x & 31;
-  const int64_t S3 = 3 * S;
-  float sums[Q][2][3] = {};
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int64_t row = row0 + (lane >> 2) + 8 * half;
-    if (row >= B) continue;
-#pragma unroll
-    for (int q = 0; q < Q; ++q) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int64_t j = j0 + 8 * q + 2 * (lane & 3) + e;
-        if (j >= S) continue;
-        const int64_t i = row * S + j;
-        A grad_h = acc[q][2 * half + e];
-        if (go != nullptr) grad_h += to_acc(go[i]);
-        if (extra != nullptr) grad_h += to_acc(extra[i]);
-        const A grad_c = dc_in != nullptr ? to_acc(dc_in[i]) : A(0);
-        const T* g = g_t + row * S3;
-        A d3[3], d_c;
-        cell_backward_math<A, MathFor<T>>(grad_h, grad_c, to_acc(g[j]), to_acc(g[S + j]),
-                                          to_acc(g[2 * S + j]), to_acc(c_prev[i]), d3[0], d3[1],
-                                          d3[2], d_c);
-        T* d = dg + row * S3;
-#pragma unroll
-        for (int k = 0; k < 3; ++k) {
-          const T v = to_storage<T>(d3[k]);
-          d[k * S + j] = v;
-          sums[q][e][k] += d3[k];
-        }
-        dc_out[i] = to_storage<T>(d_c);
-      }
-    }
-  }
-  // Column sums over the tile's 16 rows: lanes with the same lane % 4 hold
-  // the same columns.
-#pragma unroll
-  for (int q = 0; q < Q; ++q) {
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-#pragma unroll
-      for (int k = 0; k < 3; ++k) {
-        float v = sums[q][e][k];
-        v += __shfl_xor_sync(0xffffffffu, v, 4);
-        v += __shfl_xor_sync(0xffffffffu, v, 8);
-        v += __shfl_xor_sync(0xffffffffu, v, 16);
-        if (lane < 4) bsum[k * 8 * Q + 8 * q + 2 * lane + e] = v;
-      }
-    }
-  }
-}
 
 template <typename T, int Q>
 __global__ void __launch_bounds__(kTcThreads, 1)
@@ -387,52 +385,133 @@ __global__ void __launch_bounds__(kTcThreads, 1)
   });
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t step_gates = B * S3, step_state = B * S;
+  const bool active = warp < sp.I * sp.KS, owner = warp < sp.I;
+  const int ks = warp / sp.I, mt = warp % sp.I;
+  const int64_t row_base = r0 + 16 * mt + (lane >> 2);
+  const int64_t col_base = j0 + 2 * (lane & 3);
+  auto valid = [&](int half, int q) { return row_base + 8 * half < B && col_base + 8 * q < S; };
+  auto at = [&](int half, int q) { return (row_base + 8 * half) * S + col_base + 8 * q; };
+
+  // dc: the running gradient of the cell state, in registers for the chunk.
+  float dc_reg[Q][2][2] = {};
+  // Step t's inputs, fetched ahead: grad_outputs[t] (+ grad_h_n at the
+  // last step), G_t of the three gates, c_{t-1}; two columns a register.
+  uint32_t n_go[Q][2] = {}, n_g[3][Q][2] = {}, n_c[Q][2] = {};
+  auto prefetch = [&](int64_t t) {
+    const T* g_t = gates + t * step_gates;
+    const T* c_prev = t ? cells + (t - 1) * step_state : c0;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+#pragma unroll
+      for (int q = 0; q < Q; ++q) {
+        if (!valid(half, q)) continue;
+        const int64_t i = at(half, q), row = row_base + 8 * half, j = col_base + 8 * q;
+        n_go[q][half] = go != nullptr ? load_two(go + t * step_state + i) : 0u;
+#pragma unroll
+        for (int g = 0; g < 3; ++g) n_g[g][q][half] = load_two(g_t + row * S3 + g * S + j);
+        n_c[q][half] = load_two(c_prev + i);
+      }
+    }
+  };
+  if (owner) {
+    const T* dc_in = t1 - 1 == T_ - 1 ? gcn : dc;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+#pragma unroll
+      for (int q = 0; q < Q; ++q) {
+        if (!valid(half, q) || dc_in == nullptr) continue;
+        const uint32_t d2 = load_two(dc_in + at(half, q));
+        dc_reg[q][half][0] = low_of<T>(d2);
+        dc_reg[q][half][1] = high_of<T>(d2);
+      }
+    }
+    prefetch(t1 - 1);
+  }
+
   for (int64_t t = t1 - 1; t >= t0; --t) {
     const bool last = t == T_ - 1;
     const int64_t next_slot = t + 1 < t1 ? t + 1 - t0 : K;
     const T* dG_next = dG + next_slot * step_gates;
-    const T* go_t = go ? go + t * step_state : nullptr;
-    const T* extra = last ? ghn : nullptr;
-    const T* dc_in = last ? gcn : dc;
-    const T* g_t = gates + t * step_gates;
-    const T* c_prev = t ? cells + (t - 1) * step_state : c0;
     T* dg_t = dG + (t - t0) * step_gates;
-    auto tile = [&](int mt, int64_t c0, int64_t c1, float (&acc)[NT][4]) {
-      if (last) return;  // no step after the last: no recurrent gradient
-      const int64_t ra = std::min<int64_t>(r0 + 16 * mt + (lane >> 2), B - 1);
-      const int64_t rb = std::min<int64_t>(ra + 8, B - 1);
-      tile_product<T, NT>(acc, dG_next + ra * S3, dG_next + rb * S3, S3, c0, c1, frag);
-    };
-    if (sp.KS == 1) {
-      for (int mt = warp; mt < sp.I; mt += kTcWarps) {
-        float acc[NT][4] = {};
-        tile(mt, 0, KC, acc);
-        backward_epilogue<T, Q>(acc, B, S, r0 + 16 * mt, j0, go_t, extra, dc_in, g_t, c_prev,
-                                dg_t, dc, bsum + mt * 3 * NJ);
+    float acc[NT][4] = {};
+    if (active && !last) {  // no step after the last: no recurrent gradient
+      const int64_t ra = std::min<int64_t>(row_base, B - 1);
+      const int64_t rb = std::min<int64_t>(row_base + 8, B - 1);
+      tile_product<T, NT>(acc, dG_next + ra * S3, dG_next + rb * S3, S3, KC * ks / sp.KS,
+                          KC * (ks + 1) / sp.KS, frag);
+    }
+    if (sp.KS > 1) reduce_k_split<NACC>(&acc[0][0], red, sp, warp, active);
+    if (owner) {
+      float sums[3][Q][2] = {};
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+#pragma unroll
+        for (int q = 0; q < Q; ++q) {
+          if (!valid(half, q)) continue;
+          const int64_t i = at(half, q), row = row_base + 8 * half, j = col_base + 8 * q;
+          float d[3][2];
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float grad_h = acc[q][2 * half + e] + elem_of<T>(n_go[q][half], e);
+            if (last && ghn != nullptr) grad_h += to_acc(ghn[i + e]);
+            float d_c;
+            cell_backward_math<float, MathFor<T>>(
+                grad_h, dc_reg[q][half][e], elem_of<T>(n_g[0][q][half], e),
+                elem_of<T>(n_g[1][q][half], e), elem_of<T>(n_g[2][q][half], e),
+                elem_of<T>(n_c[q][half], e), d[0][e], d[1][e], d[2][e], d_c);
+            dc_reg[q][half][e] = to_acc(to_storage<T>(d_c));
+          }
+#pragma unroll
+          for (int g = 0; g < 3; ++g) {
+            float r0v, r1v;
+            store_pair(dg_t + row * S3 + g * S + j, pack_rounded<T>(d[g][0], d[g][1], r0v, r1v));
+            sums[g][q][0] += d[g][0];
+            sums[g][q][1] += d[g][1];
+          }
+        }
       }
-    } else {
-      const bool active = warp < sp.I * sp.KS;
-      const int ks = warp / sp.I, mt = warp % sp.I;
-      float acc[NT][4] = {};
-      if (active) tile(mt, KC * ks / sp.KS, KC * (ks + 1) / sp.KS, acc);
-      reduce_k_split<NACC>(&acc[0][0], red, sp, warp, active);
-      if (active && ks == 0) {
-        backward_epilogue<T, Q>(acc, B, S, r0 + 16 * mt, j0, go_t, extra, dc_in, g_t, c_prev,
-                                dg_t, dc, bsum + mt * 3 * NJ);
+      if (t > t0) prefetch(t - 1);
+      // Column sums over the tile's 16 rows: lanes with the same lane % 4
+      // hold the same columns.
+#pragma unroll
+      for (int g = 0; g < 3; ++g) {
+#pragma unroll
+        for (int q = 0; q < Q; ++q) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float v = sums[g][q][e];
+            v += __shfl_xor_sync(0xffffffffu, v, 4);
+            v += __shfl_xor_sync(0xffffffffu, v, 8);
+            v += __shfl_xor_sync(0xffffffffu, v, 16);
+            if (lane < 4) bsum[mt * 3 * NJ + g * NJ + 8 * q + 2 * lane + e] = v;
+          }
+        }
       }
     }
     __syncthreads();
     // The block's bias-gradient sums, its row tiles in order (deterministic):
     // this block alone adds to these (block row, column) entries.
     for (int e = threadIdx.x; e < 3 * NJ; e += blockDim.x) {
-      const int k = e / NJ, c = e % NJ;
+      const int g = e / NJ, c = e % NJ;
       const int64_t j = j0 + c;
       if (j >= S) continue;
       float s = 0.f;
-      for (int mt = 0; mt < sp.I; ++mt) s += bsum[mt * 3 * NJ + e];
-      partial[static_cast<int64_t>(blockIdx.y) * S3 + k * S + j] += s;
+      for (int m = 0; m < sp.I; ++m) s += bsum[m * 3 * NJ + e];
+      partial[static_cast<int64_t>(blockIdx.y) * S3 + g * S + j] += s;
     }
     if (t > t0) row_barrier(arrivals, static_cast<unsigned long long>(t1 - t) * gridDim.x);
+  }
+  // The chunk's last step is the earliest: its dc is d c_{t0 - 1}.
+  if (owner) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+#pragma unroll
+      for (int q = 0; q < Q; ++q) {
+        if (!valid(half, q)) continue;
+        float a, b;
+        store_pair(dc + at(half, q), pack_rounded<T>(dc_reg[q][half][0], dc_reg[q][half][1], a, b));
+      }
+    }
   }
 }
 
