@@ -28,9 +28,15 @@
 //   backward chunk, the blocks of a batch row block meeting at a barrier
 //   between steps (see "persistent fused path" below).
 //
+// * tensor-core path (float16 / bfloat16 on sm_80+, S a multiple of 8, all
+//   blocks resident): persistent kernels with each block's slice of W_h in
+//   shared memory for all steps and the product on mma.sync
+//   (lltm_sequence_tc.cuh); taken first wherever it applies (tc_plan).
+//
 // LLTM_OP_SEQUENCE_FUSED=0/1 forces a path (tests, benchmarks); unset, the
 // fused path runs when B * 3S * S <= 2^22 multiply-adds per step.
-// LLTM_OP_SEQUENCE_PERSISTENT=0 launches the fused kernel step by step.
+// LLTM_OP_SEQUENCE_PERSISTENT=0 launches the fused kernel step by step;
+// LLTM_OP_SEQUENCE_TENSOR_CORES=0 turns the tensor-core path off.
 #include <cuda_fp16.h>
 #include <torch/csrc/stable/library.h>
 #include <torch/csrc/stable/ops.h>
