@@ -184,6 +184,7 @@ inline Tensor alloc(const char* op, const char* what, const Tensor& like,
   if (err != AOTI_TORCH_SUCCESS) {
     std::string shape = "[";
     for (size_t k = 0; k < sizes.size(); ++k) shape += (k ? ", " : "") + std::to_string(sizes[k]);
+    shape += "]";
     OPSCOMMON_CHECK(false, op, ": could not allocate ", what, " ", shape, " on ",
                     opscommon::device_str(like), " (out of memory?)");
   }

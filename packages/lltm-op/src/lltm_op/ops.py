@@ -360,7 +360,8 @@ def _cell(gates: Tensor, bias: Tensor, old_cell: Tensor) -> tuple[Tensor, Tensor
 
 
 def _autocast_on(device: torch.device) -> bool:
-    return torch.is_autocast_enabled(device.type)
+    # False on meta tensors (torch.is_autocast_enabled("meta") raises).
+    return _runtime.autocast_enabled(device.type)
 
 
 def _explain_bad_args(input, weights, bias, old_h, old_cell) -> None:

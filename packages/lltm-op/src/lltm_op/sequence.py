@@ -19,6 +19,7 @@ autograd node.
 from __future__ import annotations
 
 import math
+import weakref
 
 import torch
 from torch import Tensor, nn
@@ -139,27 +140,90 @@ def _sequence_backward_fake(
     )
 
 
+# -- the sequence's derivatives in torch ops -----------------------------------------------
+# What no kernel computes: the tangents (forward mode) and the derivative of
+# the backward op itself (a direct call of sequence_backward on tensors that
+# require grad), step by step through the cell's exact math (ops.py). The
+# saved pre-activations already hold the bias: the cell's bias is zero here.
+
+
+def _sequence_jvp_torch(input, weights, old_h, outputs, gates, cells, t_input, t_weights, t_bias, t_old_h, t_old_cell):
+    """Tangents of (outputs, h_n, c_n) from those of the five arguments
+    (None: zero), any of them batched (torch.func.jacfwd)."""
+    T, B, _ = input.shape
+    S = old_h.shape[-1]
+    w_h, w_x = weights[:, :S], weights[:, S:]
+    zero_bias = gates.new_zeros(3 * S)
+    # The pre-activations' tangent from the input and W_x: all steps at once.
+    t_pre = None
+    if t_input is not None:
+        t_pre = t_input @ w_x.mT
+    if t_weights is not None:
+        t_w_h, t_w_x = t_weights[..., :S], t_weights[..., S:]
+        from_w = input @ t_w_x.mT
+        t_pre = from_w if t_pre is None else t_pre + from_w
+    th = t_old_h if t_old_h is not None else old_h.new_zeros(B, S)
+    tc = t_old_cell if t_old_cell is not None else old_h.new_zeros(B, S)
+    outs = []
+    for t in range(T):
+        tg = th @ w_h.mT
+        if t_pre is not None:
+            tg = tg + t_pre[t]
+        if t_weights is not None:
+            tg = tg + (outputs[t - 1] if t else old_h) @ t_w_h.mT
+        if t_bias is not None:
+            tg = tg + t_bias
+        th, tc = _ops._cell_jvp_torch(gates[t], zero_bias, cells[t], tg, None, tc)
+        outs.append(th)
+    if not outs:
+        return torch.zeros_like(outputs), th.clone(), tc.clone()
+    return torch.stack(outs), th, tc
+
+
+def _sequence_backward_torch(
+    grad_outputs, grad_h_n, grad_c_n, input, weights, old_h, old_cell, outputs, gates, cells, input_grad
+):
+    """lltm_op::sequence_backward as differentiable torch ops (what its
+    kernel computes, from the same arguments)."""
+    T, B, F = input.shape
+    S = old_h.shape[1]
+    w_h, w_x = weights[:, :S], weights[:, S:]
+    zero_bias = gates.new_zeros(3 * S)
+    dh, dc = grad_h_n, grad_c_n
+    d_gates = [None] * T
+    for t in reversed(range(T)):
+        g = dh
+        if grad_outputs is not None:
+            g = grad_outputs[t] if g is None else g + grad_outputs[t]
+        c_prev = cells[t - 1] if t else old_cell
+        d_gates[t], _, dc = _ops._cell_backward_torch(g, dc, gates[t], zero_bias, c_prev, False)
+        dh = d_gates[t] @ w_h
+    dG = torch.stack(d_gates) if T else gates.new_zeros(0, B, 3 * S)
+    h_prev = torch.cat((old_h.unsqueeze(0), outputs[:-1])) if T else outputs
+    d_weights = torch.cat((torch.einsum("tbg,tbs->gs", dG, h_prev), torch.einsum("tbg,tbf->gf", dG, input)), 1)
+    d_input = dG @ w_x if input_grad else input.new_empty(0)
+    d_old_h = dh.clone() if dh is not None else old_h.new_zeros(B, S)
+    d_old_cell = dc.clone() if dc is not None else old_h.new_zeros(B, S)
+    return d_input, d_weights, dG.sum((0, 1)), d_old_h, d_old_cell
+
+
+_runtime.register_composite_autograd("lltm_op::sequence_backward", _sequence_backward_torch)
+
+
 # -- autograd: one node for the whole sequence -------------------------------------------
 
 _below_autograd = _runtime.below_autograd
-
-
-def _setup_context(ctx, inputs, output) -> None:
-    input, weights, _bias, old_h, old_cell = inputs
-    outputs, _h_n, _c_n, gates, cells = output
-    # The pre-activations and cell states of every step (the op's last two
-    # outputs) plus the h of every step (its first) are all the backward
-    # needs beyond the inputs; the bias is folded into the gates.
-    ctx.save_for_backward(input, weights, old_h, old_cell, outputs, gates, cells)
-    ctx.mark_non_differentiable(gates, cells)
-    ctx.set_materialize_grads(False)
+_seq_forward_below_autograd = _runtime.below_autograd_caller(_seq_forward)
+_forward_ad_active = _runtime.forward_ad_active
+_functorch_active = _runtime.functorch_active
 
 
 class _NoDoubleBackward(torch.autograd.Function):
     """Passes the first-order gradients through (copies) when autograd builds
-    a graph of them (create_graph=True; torch.func's grad and vjp always do),
-    connected to what they depend on, and refuses to be differentiated: a
-    second derivative through lltm_sequence is an error, never a silent zero."""
+    a graph of them (create_graph=True; torch.func's grad and vjp always do)
+    or forward AD may ask for their tangents, connected to what they depend
+    on, and refuses to be differentiated: a second derivative through
+    lltm_sequence is an error, never a silent zero."""
 
     generate_vmap_rule = True
 
@@ -178,14 +242,40 @@ class _NoDoubleBackward(torch.autograd.Function):
             "differentiable (a second derivative, e.g. of a gradient penalty, through it)"
         )
 
+    @staticmethod
+    def jvp(ctx, *tangents):
+        raise RuntimeError(
+            f"{OP}: second derivatives are not supported: the gradients of lltm_sequence have no "
+            "tangents (forward-over-reverse, e.g. torch.func.hessian or jacfwd of a gradient); "
+            "first derivatives work in either mode"
+        )
+
+
+def _saved(ctx):
+    try:
+        return ctx.saved_tensors
+    except RuntimeError as e:
+        # autograd's version check: say which argument (input, weights) or
+        # result (outputs) was overwritten; old_h and old_cell are copies.
+        changed = [
+            name
+            for name, ref, version in zip(("input", "weights"), ctx.watched, ctx.versions)
+            if ref() is not None and ref()._version != version
+        ]
+        what = f"argument '{changed[0]}'" if changed else "its result 'outputs' (or an argument since freed)"
+        raise RuntimeError(
+            f"{OP}: {what} was modified in place after the call, and the backward needs it as it "
+            f"was; modify a copy (or clone it before the call). ({e})"
+        ) from e
+
 
 def _backward(ctx, grad_outputs, grad_h_n, grad_c_n, _grad_gates=None, _grad_cells=None):
     needs = ctx.needs_input_grad
     if (grad_outputs is None and grad_h_n is None and grad_c_n is None) or not any(needs):
         return None, None, None, None, None
-    input, weights, old_h, old_cell, outputs, gates, cells = ctx.saved_tensors
-    # Below autograd: the op has no derivative of its own (its matrix
-    # products must not see tensors that require grad; see _NoDoubleBackward).
+    input, weights, old_h, old_cell, outputs, gates, cells = _saved(ctx)
+    # Below autograd: the fused kernel (the op's own derivative, torch ops,
+    # is for direct calls; see _NoDoubleBackward for this one's).
     with _below_autograd():
         d_input, d_weights, d_bias, d_old_h, d_old_cell = _seq_backward(
             grad_outputs,
@@ -207,7 +297,7 @@ def _backward(ctx, grad_outputs, grad_h_n, grad_c_n, _grad_gates=None, _grad_cel
         d_old_h if needs[3] else None,
         d_old_cell if needs[4] else None,
     ]
-    if torch.is_grad_enabled():
+    if torch.is_grad_enabled() or _forward_ad_active():
         present = [k for k, g in enumerate(grads) if g is not None]
         deps = [t for t in (input, weights, old_h, old_cell, grad_outputs, grad_h_n, grad_c_n) if t is not None]
         wrapped = _NoDoubleBackward.apply(len(present), *(grads[k] for k in present), *deps)
@@ -216,7 +306,46 @@ def _backward(ctx, grad_outputs, grad_h_n, grad_c_n, _grad_gates=None, _grad_cel
     return tuple(grads)
 
 
-torch.library.register_autograd("lltm_op::sequence_forward", _backward, setup_context=_setup_context)
+class _SequenceFunction(torch.autograd.Function):
+    """The autograd of lltm_op::sequence_forward, registered as the op's own
+    (an exported program's call of the op has it too): one node for the
+    whole sequence, reverse mode through the fused backward op, forward mode
+    through the exact JVP in torch ops, at any torch.func level (vmap levels
+    use the vmap rules below); second derivatives are refused."""
+
+    @staticmethod
+    def forward(ctx, input, weights, bias, old_h, old_cell):
+        outputs, h_n, c_n, gates, cells = _seq_forward_below_autograd(input, weights, bias, old_h, old_cell)
+        # The initial state is saved as copies ([B, S] each): a loop that
+        # writes the next state into the buffers it passed (h.copy_(h_n))
+        # keeps right gradients, as a loop of cells does. The pre-activations
+        # and cell states of every step (the op's last two outputs) plus the
+        # h of every step (its first) are all the rest the backward needs.
+        h0, c0 = old_h.clone(), old_cell.clone()
+        ctx.save_for_backward(input, weights, h0, c0, outputs, gates, cells)
+        if _forward_ad_active() or _functorch_active():
+            ctx.save_for_forward(input, weights, h0, outputs, gates, cells)
+        ctx.watched = (weakref.ref(input), weakref.ref(weights))
+        ctx.versions = (input._version, weights._version)
+        ctx.mark_non_differentiable(gates, cells)
+        ctx.set_materialize_grads(False)
+        return outputs, h_n, c_n, gates, cells
+
+    backward = staticmethod(_backward)
+
+    @staticmethod
+    def jvp(ctx, t_input, t_weights, t_bias, t_old_h, t_old_cell):
+        input, weights, old_h, outputs, gates, cells = ctx.saved_tensors
+        t_out, t_h, t_c = _sequence_jvp_torch(
+            input, weights, old_h, outputs, gates, cells, t_input, t_weights, t_bias, t_old_h, t_old_cell
+        )
+        return t_out, t_h, t_c, None, None
+
+
+_runtime.register_autograd("lltm_op::sequence_forward", _SequenceFunction)
+# Outside torch.func: the runtime's apply (Function.apply binds its arguments
+# through pytree on every call).
+_fast_apply = _runtime.function_apply(_SequenceFunction)
 
 
 def _vmap_by_loop(op, n_out: int):
@@ -227,7 +356,16 @@ def _vmap_by_loop(op, n_out: int):
     def rule(info, in_dims, *args):
         size = info.batch_size
         if size == 0:
-            raise RuntimeError(f"{OP}: vmap over an empty batch is not supported")
+            # No sample to run: the shapes of one, from the fake kernel.
+            device = next(a.device for a in args if isinstance(a, Tensor))
+            metas = [
+                a.new_empty(a.shape[:d] + a.shape[d + 1 :], device="meta")
+                if d is not None
+                else (a.to("meta") if isinstance(a, Tensor) else a)
+                for a, d in zip(args, in_dims)
+            ]
+            one = op(*metas)
+            return tuple(torch.empty((0, *r.shape), dtype=r.dtype, device=device) for r in one), (0,) * n_out
         results = []
         for n in range(size):
             sliced = [a.select(d, n) if d is not None else a for a, d in zip(args, in_dims)]
@@ -241,47 +379,10 @@ torch.library.register_vmap("lltm_op::sequence_forward", _vmap_by_loop(_seq_forw
 torch.library.register_vmap("lltm_op::sequence_backward", _vmap_by_loop(_seq_backward, 5))
 
 
-class _SequenceFunction(torch.autograd.Function):
-    """The eager path to the same forward, backward and saved tensors as the
-    registered autograd (cheaper per call), and a clear refusal of
-    forward-mode AD. torch.compile and torch.export trace the op itself."""
-
-    generate_vmap_rule = True
-
-    @staticmethod
-    def forward(input, weights, bias, old_h, old_cell):
-        with _below_autograd():
-            return _seq_forward(input, weights, bias, old_h, old_cell)
-
-    setup_context = staticmethod(_setup_context)
-    backward = staticmethod(_backward)
-
-    @staticmethod
-    def jvp(ctx, *tangents):
-        raise RuntimeError(
-            f"{OP}: forward-mode AD (jvp, torch.autograd.forward_ad, torch.func.jvp) is not "
-            "supported; use reverse mode (backward)"
-        )
-
-
-# Function.apply binds the arguments through inspect.signature on every call
-# when setup_context is defined (about 100 us a call measured here, more than
-# the rest of a small sequence's Python work): outside torch.func transforms,
-# the runtime's apply, with nothing to bind.
-_fast_apply = _runtime.function_apply(_SequenceFunction)
-
-
-def _apply(*args):
-    if _runtime.functorch_active():
-        return _SequenceFunction.apply(*args)
-    return _fast_apply(*args)
-
-
-_forward_ad_active = _runtime.forward_ad_active
-
-
 def _run(input, weights, bias, old_h, old_cell):
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or _functorch_active():
+        # torch.compile traces the registered op; torch.func transforms run
+        # its registered autograd and vmap rule level by level.
         return _seq_forward(input, weights, bias, old_h, old_cell)
     if _forward_ad_active() or (
         torch.is_grad_enabled()
@@ -293,9 +394,8 @@ def _run(input, weights, bias, old_h, old_cell):
             or old_cell.requires_grad
         )
     ):
-        return _apply(input, weights, bias, old_h, old_cell)
-    with _below_autograd():
-        return _seq_forward(input, weights, bias, old_h, old_cell)
+        return _fast_apply(input, weights, bias, old_h, old_cell)
+    return _seq_forward_below_autograd(input, weights, bias, old_h, old_cell)
 
 
 # -- the public function ---------------------------------------------------------------------
@@ -368,19 +468,29 @@ def lltm_sequence(
         old_cell: ``[B, S]``, the initial cell state.
 
     All five on one device (CPU or CUDA) and of one dtype (float16,
-    bfloat16, float32 or float64); any strides. Under autocast, float16,
-    bfloat16 and float32 arguments run in the autocast dtype and the results
-    come back in the dtype the pure-PyTorch cell would give.
+    bfloat16, float32 or float64); any strides. Under autocast the dtypes
+    may differ and the results are those of T calls of :func:`lltm_op.lltm`
+    under the same autocast, in their dtypes and precision: the operands of
+    the matrix products (input, weights, initial h) are rounded to the
+    autocast dtype as autocast rounds them, and the whole sequence runs in
+    ``promote_types(autocast dtype, old_cell.dtype)``, so a float32 cell
+    state stays float32 (the LLTM has no forget gate: its state grows, and
+    kept in bfloat16 it would lose most of its precision over a long
+    sequence). A state in the autocast dtype runs it all in that dtype.
 
     Returns:
         ``(outputs, (h_n, c_n))``: ``outputs`` ``[T, B, S]`` holds the new h of
         every step, ``h_n`` and ``c_n`` ``[B, S]`` the final state (the initial
         one when T is 0); the same as T calls of :func:`lltm_op.lltm`, with
         gradients to all five arguments through every output. One autograd
-        node for the whole sequence; double backward and forward-mode AD are
-        refused with an error.
+        node for the whole sequence: backward, forward mode (dual tensors,
+        ``torch.func.jvp`` / ``jacfwd``: the exact tangent), ``torch.func``'s
+        grad, vjp, jacrev and vmap; second derivatives (double backward,
+        hessian) are refused with an error. The backward does not read
+        ``old_h`` and ``old_cell`` (it keeps copies): the caller may write the
+        next state into them.
     """
-    if isinstance(input, Tensor) and torch.is_autocast_enabled(input.device.type):
+    if isinstance(input, Tensor) and _runtime.autocast_enabled(input.device.type):
         return _autocast_sequence(input, weights, bias, old_h, old_cell)
     if not _args_ok(input, weights, bias, old_h, old_cell):
         _explain_bad_args(input, weights, bias, old_h, old_cell)
@@ -394,16 +504,30 @@ def _autocast_sequence(input, weights, bias, old_h, old_cell):
     for name, t in zip(_NAMES, args):
         _runtime.check_tensor(OP, name, t)
     low = torch.get_autocast_dtype(device_type)
-    # As torch's autocast does for a matrix product: float16, bfloat16 and
-    # float32 arguments go to the autocast dtype, float64 ones stay.
-    cast = [t.to(low) if t.dtype in _AUTOCAST_ELIGIBLE else t for t in args]
+    # What T calls of lltm_op.lltm under this autocast compute: each step's
+    # matrix product takes [h, x] and the weights in the autocast dtype
+    # (float16, bfloat16 and float32 tensors; float64 ones stay), and the
+    # cell runs in promote_types(product dtype, old_cell dtype), which is the
+    # dtype of the state it carries to the next step.
+    run = torch.promote_types(low, old_cell.dtype) if old_cell.dtype in _AUTOCAST_ELIGIBLE else old_cell.dtype
+
+    def operand(t, rounded: bool):
+        if t.dtype not in _AUTOCAST_ELIGIBLE:
+            return t
+        return (t.to(low) if rounded else t).to(run)
+
+    cast = (
+        operand(input, True),
+        operand(weights, True),
+        operand(bias, False),
+        operand(old_h, True),
+        operand(old_cell, False),
+    )
     with torch.autocast(device_type, enabled=False):
         if not _args_ok(*cast):
             _explain_bad_args(*cast)
         outputs, h_n, c_n, _, _ = _run(*cast)
-    # The pure cell's results: its cell state keeps old_cell's dtype.
-    out_dtype = torch.promote_types(old_cell.dtype, outputs.dtype)
-    return outputs.to(out_dtype), (h_n.to(out_dtype), c_n.to(out_dtype))
+    return outputs, (h_n, c_n)
 
 
 class LLTMSequence(nn.Module):

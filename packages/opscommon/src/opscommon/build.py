@@ -43,8 +43,35 @@ DEFAULT_CUDA_ARCH_LIST = "7.5;8.0;9.0;10.0;12.0+PTX"
 LIMITED_API_HEX = "0x030A0000"
 LIMITED_API_TAG = "cp310"
 
-_ARCH_RE = re.compile(r"^\d+\.\d+a?(\+PTX)?$")
-_NAMED_ARCHES = {"Ampere", "Ada", "Hopper", "Blackwell", "Turing", "Volta", "Pascal"}
+# The grammar of TORCH_CUDA_ARCH_LIST, as torch.utils.cpp_extension's
+# _get_cuda_arch_flags reads it (torch 2.13): "native", or entries separated
+# by ';' or single spaces, each a supported compute capability with an
+# optional "+PTX", where the named architectures expand first, by string
+# replacement (combined names such as "Ampere+Tegra" before single ones).
+# The torch being built against has the last word (validate_arch_list asks
+# it); these tables name the bad entries, and decide where torch cannot be asked.
+_NAMED_ARCHES = {
+    "Kepler+Tesla": "3.7",
+    "Kepler": "3.5+PTX",
+    "Maxwell+Tegra": "5.3",
+    "Maxwell": "5.0;5.2+PTX",
+    "Pascal": "6.0;6.1+PTX",
+    "Volta+Tegra": "7.2",
+    "Volta": "7.0+PTX",
+    "Turing": "7.5+PTX",
+    "Ampere+Tegra": "8.7",
+    "Ampere": "8.0;8.6+PTX",
+    "Ada": "8.9+PTX",
+    "Hopper": "9.0+PTX",
+    "Blackwell+Tegra": "11.0",
+    "Blackwell": "10.0;10.3;12.0;12.1+PTX",
+}
+_SUPPORTED_ARCHES = (
+    "3.5 3.7 5.0 5.2 5.3 6.0 6.1 6.2 7.0 7.2 7.5 8.0 8.6 8.7 8.9 9.0 9.0a "
+    "10.0 10.0a 11.0 11.0a 10.3 10.3a 12.0 12.0a 12.1 12.1a"
+).split()
+_VALID_ARCHES = frozenset(_SUPPORTED_ARCHES + [a + "+PTX" for a in _SUPPORTED_ARCHES])
+NATIVE = "native"
 
 
 class BuildConfigError(RuntimeError):
@@ -133,7 +160,12 @@ def choose_variant(
                 f"CUDA {nvcc_ver[0]}"
             )
     if arch_list_error:
-        problems.append(arch_list_error)
+        # Wrong whatever else the machine has: never a silent CPU build.
+        raise BuildConfigError(
+            f"{CUDA_ENV}={choice} may build the CUDA variant, but {arch_list_error}. "
+            f"Fix TORCH_CUDA_ARCH_LIST (or unset it for the default), or set {CUDA_ENV}=0 to build the "
+            "CPU variant, which ignores it."
+        )
     if choice == "1":
         if problems:
             raise BuildConfigError(
@@ -166,26 +198,96 @@ def detect_variant(env: Mapping[str, str] | None = None) -> Variant:
     return choose_variant(choice, torch.version.cuda, nvcc, ver, arch_error)
 
 
+def expand_arch_list(value: str) -> list[str]:
+    """The entries of a ``TORCH_CUDA_ARCH_LIST`` as torch reads them: spaces
+    become ';', named architectures expand, then split on ';'."""
+    value = value.replace(" ", ";")
+    for name, arches in _NAMED_ARCHES.items():
+        value = value.replace(name, arches)
+    return value.split(";")
+
+
+def _torch_verdict(value: str) -> str | None:
+    """What the torch being built against says of the arch list: "" (it
+    accepts it), its error message, or None where it cannot be asked."""
+    try:
+        from torch.utils.cpp_extension import _get_cuda_arch_flags
+    except ImportError:
+        return None
+    old = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    os.environ["TORCH_CUDA_ARCH_LIST"] = value
+    try:
+        _get_cuda_arch_flags()
+        return ""
+    except ValueError as e:
+        return str(e)
+    except Exception:
+        return None
+    finally:
+        if old is None:
+            del os.environ["TORCH_CUDA_ARCH_LIST"]
+        else:
+            os.environ["TORCH_CUDA_ARCH_LIST"] = old
+
+
 def validate_arch_list(value: str) -> list[str]:
-    """Check a ``TORCH_CUDA_ARCH_LIST`` before torch sees it; return its entries."""
-    entries = [e for e in re.split(r"[;\s]+", value.strip()) if e]
-    bad = [e for e in entries if not (_ARCH_RE.match(e) or e in _NAMED_ARCHES)]
-    if not entries or bad:
+    """Check a ``TORCH_CUDA_ARCH_LIST`` before torch sees it: every list the
+    torch being built against accepts passes ("native", named architectures
+    such as "Ampere+Tegra", ';' or ' ' separated entries with "+PTX"); any
+    other raises :class:`BuildConfigError`. Returns the expanded entries
+    (``["native"]`` for "native", resolved by :func:`ensure_arch_list`)."""
+    if value == NATIVE:
+        return [NATIVE]
+    entries = expand_arch_list(value)
+    bad = [e for e in entries if e not in _VALID_ARCHES]
+    verdict = _torch_verdict(value) if value else None
+    if verdict == "" and value:
+        return entries  # torch accepts it (a newer torch may know more arches)
+    if bad or verdict:
+        shown = ", ".join(repr(e) if not e else e for e in bad) if bad else verdict
         raise BuildConfigError(
-            f"TORCH_CUDA_ARCH_LIST={value!r} is malformed"
-            + (f" (bad entries: {', '.join(bad)})" if bad else "")
-            + f"; use compute capabilities separated by ';', e.g. '{DEFAULT_CUDA_ARCH_LIST}'"
+            f"TORCH_CUDA_ARCH_LIST={value!r} is malformed (bad entries: {shown}); use compute "
+            f"capabilities separated by ';' or spaces, each optionally with '+PTX', named "
+            f"architectures (Ampere, Hopper, Ampere+Tegra, ...) or 'native', e.g. "
+            f"'{DEFAULT_CUDA_ARCH_LIST}'"
         )
     return entries
 
 
+def resolve_native_arch_list(capabilities: Iterable[tuple[int, int]], torch_arches: Iterable[str]) -> str:
+    """``TORCH_CUDA_ARCH_LIST=native`` made explicit as torch makes it: the
+    compute capability of every GPU present, each capped at the newest the
+    torch was built for (``torch.cuda.get_arch_list()``), PTX for the last.
+    No GPU: a :class:`BuildConfigError` (torch itself fails with an
+    IndexError there)."""
+    caps = list(capabilities)
+    if not caps:
+        raise BuildConfigError(
+            "TORCH_CUDA_ARCH_LIST=native asks for the architectures of the GPUs of this machine, "
+            "but torch sees none (no GPU, or CUDA_VISIBLE_DEVICES hides them); name the "
+            f"architectures instead, e.g. TORCH_CUDA_ARCH_LIST='{DEFAULT_CUDA_ARCH_LIST}'"
+        )
+    sms = [int("".join(re.findall(r"\d+", a.split("_")[1]))) for a in torch_arches if "sm_" in a]
+    newest = max(((sm // 10, sm % 10) for sm in sms), default=None)
+    arches = sorted({"{}.{}".format(*(min(newest, cap) if newest else cap)) for cap in caps})
+    arches[-1] += "+PTX"
+    return ";".join(arches)
+
+
 def ensure_arch_list(env: dict | None = None) -> str:
-    """Set ``TORCH_CUDA_ARCH_LIST`` to the default when unset; validate it."""
+    """Set ``TORCH_CUDA_ARCH_LIST`` to the default when unset and resolve
+    ``native`` from the GPUs present; validate it."""
     env = os.environ if env is None else env
     value = env.get("TORCH_CUDA_ARCH_LIST")
     if not value:
         env["TORCH_CUDA_ARCH_LIST"] = value = DEFAULT_CUDA_ARCH_LIST
         _log(f"TORCH_CUDA_ARCH_LIST unset, using {value}")
+    elif value == NATIVE:
+        import torch
+
+        caps = [torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())]
+        env["TORCH_CUDA_ARCH_LIST"] = value = resolve_native_arch_list(caps, torch.cuda.get_arch_list())
+        _log(f"TORCH_CUDA_ARCH_LIST=native: the GPUs present are {value}")
     validate_arch_list(value)
     return value
 
@@ -266,6 +368,9 @@ def build_info(package: str, version: str, variant: Variant, label: str = "") ->
         "torch_built_with": torch.__version__.split("+")[0],
         "torch_min": ".".join(map(str, TORCH_TARGET_VERSION)),
         "cuda": variant.cuda_version if variant.cuda else None,
+        # The toolkit that compiled it (the version label's cu124), which may
+        # be an older minor than torch's own CUDA (12.8).
+        "cuda_toolkit": "{}.{}".format(*variant.nvcc_version) if variant.cuda and variant.nvcc_version else None,
         "cuda_arch_list": os.environ.get("TORCH_CUDA_ARCH_LIST") if variant.cuda else None,
     }
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import glob
 import os
+import threading
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -47,18 +48,29 @@ def check_torch(info: dict = BUILD_INFO) -> None:
     built_cuda = info.get("cuda")
     if built_cuda is not None:
         running = torch.version.cuda
+        major = built_cuda.split(".")[0]
+        what = cuda_build_name(info)
         if running is None:
             raise ImportError(
-                f"{pkg} {info['version']} is a CUDA {built_cuda} build, but torch {found} is a "
-                f"CPU-only build. Install a CUDA {built_cuda.split('.')[0]}.x build of torch, or "
-                f"the CPU build of {pkg}."
+                f"{pkg} {info['version']} is {what}, but torch {found} is a CPU-only build. "
+                f"Install a CUDA {major}.x build of torch, or the CPU build of {pkg}."
             )
-        if running.split(".")[0] != built_cuda.split(".")[0]:
+        if running.split(".")[0] != major:
             raise ImportError(
-                f"{pkg} {info['version']} is a CUDA {built_cuda} build, but torch {found} uses "
-                f"CUDA {running}. Install a torch built for CUDA {built_cuda.split('.')[0]}.x, or "
-                f"rebuild {pkg} from source against this torch."
+                f"{pkg} {info['version']} is {what}, but torch {found} uses CUDA {running}. "
+                f"Install a torch built for CUDA {major}.x, or rebuild {pkg} from source against this torch."
             )
+
+
+def cuda_build_name(info: dict = BUILD_INFO) -> str:
+    """How messages name a CUDA build: by the toolkit that compiled it (the
+    version label's ``cu124``) and, where it differs, the CUDA of the torch
+    it was built against (a CUDA 12.4 toolkit against torch's CUDA 12.8)."""
+    built = info["cuda"]
+    toolkit = info.get("cuda_toolkit") or built
+    if toolkit == built:
+        return f"a CUDA {toolkit} build"
+    return f"a CUDA {toolkit} build (compiled with the CUDA {toolkit} toolkit against a torch built for CUDA {built})"
 
 
 def load_library(package_dir: str, info: dict = BUILD_INFO) -> str:
@@ -191,6 +203,15 @@ after_autograd_keyset = torch._C._after_autograd_keyset
 after_ad_inplace_or_view_keyset = torch._C._after_ADInplaceOrView_keyset
 
 
+def autocast_enabled(device_type: str) -> bool:
+    """``torch.is_autocast_enabled(device_type)``, False for a device type
+    autocast does not know (``meta``, where torch raises instead)."""
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except RuntimeError:
+        return False
+
+
 def forward_ad_active() -> bool:
     """A ``torch.autograd.forward_ad.dual_level`` is open: inputs may be dual
     tensors, whose tangents only an autograd.Function's jvp propagates."""
@@ -238,7 +259,18 @@ class _CtxRecorder:
             setattr(ctx, name, value)
 
 
-_RECORDED: list = []
+# What level_forward records, until level_setup_context replays it: one
+# stack per thread (a stack shared by threads would hand one thread's
+# recorder to another's ctx when a thread switch falls between the two).
+_LOCAL = threading.local()
+
+
+def _recorded() -> list:
+    try:
+        return _LOCAL.recorded
+    except AttributeError:
+        _LOCAL.recorded = stack = []
+        return stack
 
 
 def register_autograd(qualname: str, function: type) -> None:
@@ -262,11 +294,11 @@ def register_autograd(qualname: str, function: type) -> None:
         recorder = _CtxRecorder()
         with torch.enable_grad(), _set_fwd_grad_enabled(True):
             out = function.forward(recorder, *args)
-        _RECORDED.append(recorder)
+        _recorded().append(recorder)
         return out
 
     def level_setup_context(ctx, inputs, output):
-        _RECORDED.pop().replay(ctx)
+        _recorded().pop().replay(ctx)
 
     # A single-level Function, as torch.func generates for autograd.Functions.
     level_function = type(
