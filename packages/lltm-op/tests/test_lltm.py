@@ -84,12 +84,24 @@ class TestLLTMContract(OpContract):
     # so injected NaN/inf/huge values do not propagate elementwise; the cell
     # kernels, which are elementwise, get them in test_cell_special_values.
     special_values = False
+    # 500 steps of state under autocast.
+    autocast_case = (4, 8, 16)
+    autocast_calls = 500
 
     def make_inputs(self, case, dtype, device):
         return make_args(*case, dtype=dtype, device=device)
 
     def call(self, *args):
         return lltm(*args)
+
+    def autocast_next_inputs(self, inputs, outputs):
+        return (*inputs[:3], *outputs)
+
+    def make_module(self, case, dtype, device):
+        batch, features, state = case
+        module = LLTM(features, state, device=device, dtype=dtype)
+        x, _, _, h, c = make_args(batch, features, state, dtype=dtype, device=device)
+        return module, (x, (h, c))
 
     def reference(self, *args):
         # The half types are checked against float64 on the same values
@@ -1020,3 +1032,13 @@ def test_version():
     # A CUDA build carries its toolkit as a local label: 0.3.0+cu130.
     label = "" if BUILD_INFO["variant"] == "cpu" else f"+{BUILD_INFO['variant']}"
     assert lltm_op.__version__ == "0.3.0" + label
+
+
+def test_meta_tensors_get_the_ops_own_errors():
+    """On meta tensors (no autocast state there) a wrong argument gets the
+    same message as on the CPU, from the public function and the module."""
+    x, w, b, h, c = (t.to("meta") for t in make_args(4, 3, 5))
+    with pytest.raises(RuntimeError, match=r"^lltm_op\.lltm: argument 'bias' must have shape \[15\], got \[5\]$"):
+        lltm(x, w, torch.zeros(5, device="meta"), h, c)
+    new_h, new_c = LLTM(3, 5, device="meta")(x, (h, c))
+    assert new_h.device.type == new_c.device.type == "meta" and new_h.shape == new_c.shape == (4, 5)

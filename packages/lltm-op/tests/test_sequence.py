@@ -108,16 +108,28 @@ class TestSequenceContract(OpContract):
     grad_cases = [(3, 2, 3, 4), (1, 2, 2, 5), (4, 3, 1, 6)]
     grad_inputs = (0, 1, 2, 3, 4)
     special_values = False  # the matrix products mix every element into whole rows
-    # Reverse mode (backward, torch.func.vjp/grad/jacrev, vmap) is right;
-    # forward mode and second derivatives are refused with an error.
-    refused_derivatives = ("forward_ad", "jvp", "hessian", "double_backward")
+    # First derivatives in both modes (backward, forward AD, torch.func's
+    # vjp/grad/jacrev/jvp/jacfwd, vmap) are right; second derivatives are
+    # refused with an error.
+    refused_derivatives = ("hessian", "double_backward")
     property_examples = 25
+    # 20 chained sequences of 25 steps: 500 steps of state under autocast.
+    autocast_case = (25, 4, 8, 16)
+    autocast_calls = 20
 
     def make_inputs(self, case, dtype, device):
         return make_args(*case, dtype=dtype, device=device)
 
     def call(self, *args):
         return flat(lltm_sequence(*args))
+
+    def autocast_next_inputs(self, inputs, outputs):
+        return (*inputs[:3], outputs[1], outputs[2])
+
+    def make_module(self, case, dtype, device):
+        T, B, F, S = case
+        module = LLTMSequence(F, S, device=device, dtype=dtype)
+        return module, (torch.randn(T, B, F, device=device, dtype=dtype),)
 
     def reference(self, *args):
         if args[0].dtype in HALF_DTYPES:
@@ -437,8 +449,12 @@ def test_saves_only_what_the_backward_needs():
         outputs, _ = lltm_sequence(*args)
     shapes = sorted(tuple(t.shape) for t in saved)
     assert shapes == sorted([(T, B, F), (3 * S, S + F), (B, S), (B, S), (T, B, S), (T, B, 3 * S), (T, B, S)]), shapes
-    for arg in (args[0], args[1], args[3], args[4]):
+    for arg in (args[0], args[1]):
         assert any(t.data_ptr() == arg.data_ptr() for t in saved)
+    # old_h and old_cell as copies (the caller may reuse their buffers).
+    for arg in (args[3], args[4]):
+        assert not any(t.data_ptr() == arg.data_ptr() for t in saved)
+        assert any(t.shape == arg.shape and torch.equal(t, arg) for t in saved)
     assert any(t.data_ptr() == outputs.data_ptr() for t in saved)
 
 
@@ -462,17 +478,125 @@ def test_double_backward_is_refused(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_forward_ad_is_refused(device):
+@pytest.mark.parametrize("size", [(3, 2, 3, 4), (0, 2, 3, 4), (5, 1, 0, 3)], ids=str)
+def test_forward_ad_through_the_function_and_the_registered_op(device, size):
+    """Dual tensors and torch.func.jvp through lltm_sequence and through the
+    registered op itself (what an exported program calls): the tangent of
+    the loop of pure cells, every argument's tangent at once."""
     device = need(device)
     import torch.autograd.forward_ad as fwAD
 
-    args = make_args(3, 2, 3, 4, dtype=torch.float64, device=device)
+    gen = torch.Generator().manual_seed(sum(size))
+    args = make_args(*size, dtype=torch.float64, device=device, generator=gen)
+    tangents = [torch.randn(a.shape, dtype=a.dtype, generator=gen).to(device) for a in args]
+    _, want = torch.func.jvp(lambda *a: reference64(*a), tuple(args), tuple(tangents))
+
+    def through_op(*a):
+        return seq_forward(*a)[:3]
+
+    for fn in (lambda *a: flat(lltm_sequence(*a)), through_op):
+        _, got = torch.func.jvp(fn, tuple(args), tuple(tangents))
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w)
+        with fwAD.dual_level():
+            duals = [fwAD.make_dual(a, t) for a, t in zip(args, tangents)]
+            got = [fwAD.unpack_dual(o).tangent for o in fn(*duals)]
+        for g, w in zip(got, want):
+            assert g is not None
+            torch.testing.assert_close(g, w)
+    # One argument's tangent alone (the others' are zero).
+    _, got = torch.func.jvp(lambda w: through_op(args[0], w, *args[2:]), (args[1],), (tangents[1],))
+    _, want = torch.func.jvp(lambda w: reference64(args[0], w, *args[2:]), (args[1],), (tangents[1],))
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_forward_over_reverse_is_refused(device):
+    """A tangent of the gradients (forward over reverse) is a second
+    derivative: refused with the op's name, never a silent zero."""
+    device = need(device)
+    import torch.autograd.forward_ad as fwAD
+
+    args = [t.requires_grad_() for t in make_args(3, 2, 3, 4, dtype=torch.float64, device=device)]
     with fwAD.dual_level():
-        x = fwAD.make_dual(args[0], torch.randn_like(args[0]))
-        with pytest.raises(RuntimeError, match=rf"{OP}: forward-mode AD"):
-            lltm_sequence(x, *args[1:])
-    with pytest.raises(RuntimeError, match=rf"{OP}: forward-mode AD"):
-        torch.func.jvp(lambda w: lltm_sequence(args[0], w, *args[2:])[0], (args[1],), (torch.randn_like(args[1]),))
+        x = fwAD.make_dual(args[0].detach(), torch.randn_like(args[0])).requires_grad_()
+        outputs, _ = lltm_sequence(x, *args[1:])
+        with pytest.raises(RuntimeError, match=rf"{OP}: second derivatives are not supported"):
+            torch.autograd.grad(outputs.sum(), args[1])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_sequence_backward_op_is_differentiable(device):
+    """A direct call of lltm_op::sequence_backward on tensors that require
+    grad: the kernel's values, and derivatives with respect to every tensor
+    argument (torch-op math of the same computation; gradcheck)."""
+    device = need(device)
+    gen = torch.Generator().manual_seed(11)
+    args = make_args(4, 3, 2, 5, dtype=torch.float64, device=device, generator=gen)
+    outputs, h_n, c_n, gates, cells = seq_forward(*args)
+    x, w, _, h, c = args
+    gs = [torch.randn(t.shape, dtype=t.dtype, generator=gen).to(device) for t in (outputs, h_n, c_n)]
+    tensors = (*gs, x, w, h, c, outputs, gates, cells)
+    kernel = seq_backward(*tensors, True)
+    diff = [t.clone().requires_grad_() for t in tensors]
+    got = seq_backward(*diff, True)
+    for g, k in zip(got, kernel):
+        assert g.grad_fn is not None
+        torch.testing.assert_close(g.detach(), k)
+    assert torch.autograd.gradcheck(lambda *t: seq_backward(*t, True), diff, eps=1e-6, atol=1e-5)
+    no_input = seq_backward(*diff, False)
+    assert no_input[0].shape == (0,)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_vmap_over_an_empty_batch(device):
+    device = need(device)
+    T, B, F, S = 3, 2, 4, 5
+    args = [t.unsqueeze(0)[:0] for t in make_args(T, B, F, S, device=device)]
+    outputs, (h_n, c_n) = torch.func.vmap(lltm_sequence)(*args)
+    assert outputs.shape == (0, T, B, S) and h_n.shape == c_n.shape == (0, B, S)
+    assert outputs.device.type == device
+    grads = torch.func.vmap(torch.func.grad(lambda *a: lltm_sequence(*a)[0].sum()))(*args)
+    assert grads.shape == (0, T, B, F)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_exported_program_under_torch_func(device):
+    """An exported LLTMSequence calls the registered op; torch.func's grad,
+    jacrev, jvp and jacfwd of it give the loop of pure cells' derivatives."""
+    device = need(device)
+    torch.manual_seed(0)
+    m = LLTMSequence(3, 4).to(device=device, dtype=torch.float64)
+
+    class Run(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.seq = m
+
+        def forward(self, x, h, c):
+            outputs, (h_n, c_n) = self.seq(x, (h, c))
+            return outputs, h_n, c_n
+
+    x, _, _, h, c = make_args(3, 2, 3, 4, dtype=torch.float64, device=device)
+    ep = torch.export.export(Run(), (x, h, c), strict=False)
+    assert seq_forward in [n.target for n in ep.graph.nodes if n.op == "call_function"]
+    run = ep.module()
+    w, b = m.weights.detach(), m.bias.detach()
+
+    def ref(x, h, c):
+        return reference64(x, w, b, h, c)
+
+    def loss(fn):
+        return lambda x, h, c: sum((o.sin()).sum() for o in fn(x, h, c))
+
+    for transform in (torch.func.grad, torch.func.jacrev, torch.func.jacfwd):
+        f = loss if transform is torch.func.grad else (lambda fn: fn)
+        got = transform(f(run), argnums=(0, 1, 2))(x, h, c)
+        want = transform(f(ref), argnums=(0, 1, 2))(x, h, c)
+        torch.testing.assert_close(got, want)
+    tangents = tuple(torch.randn_like(t) for t in (x, h, c))
+    torch.testing.assert_close(torch.func.jvp(run, (x, h, c), tangents), torch.func.jvp(ref, (x, h, c), tangents))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -497,13 +621,26 @@ def test_in_place_updates(device):
     a = [t.clone().requires_grad_() for t in args]
     outputs, (h_n, _) = lltm_sequence(*a)
     outputs.add_(1)
-    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+    with pytest.raises(RuntimeError, match=rf"{OP}: its result 'outputs' .*modified by an inplace operation"):
         h_n.sum().backward()
+    # The initial state's buffers may take the next state (a stateful loop
+    # writing h_n, c_n into the h, c it passed), as with a loop of cells.
     x, w, b, h, c = (t.clone() for t in args)
     w.requires_grad_()
-    outputs, _ = lltm_sequence(x, w, b, h, c)
-    h.zero_()
-    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+    outputs, (h_n, c_n) = lltm_sequence(x, w, b, h, c)
+    w_ref = w.detach().clone().requires_grad_()
+    ref_out, _ = reference(x, w_ref, b, h.clone(), c.clone())
+    h.copy_(h_n)
+    c.copy_(c_n)
+    outputs.sum().backward()
+    ref_out.sum().backward()
+    torch.testing.assert_close(w.grad, w_ref.grad)
+    # Overwriting what the backward needs is refused, naming what it was.
+    a = [t.clone().requires_grad_() for t in args]
+    x = a[0].detach().clone()
+    outputs, _ = lltm_sequence(x, *a[1:])
+    x.mul_(2)
+    with pytest.raises(RuntimeError, match=rf"{OP}: argument 'input' was modified in place.*inplace operation"):
         outputs.sum().backward()
 
 
@@ -560,6 +697,30 @@ def test_autocast_runs_like_the_pure_cell(device):
         assert a.grad.dtype == torch.float32
         assert rel_err(a.grad, r.grad) < 5e-2
     assert x_bf16.grad.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("T", [50, 500])
+def test_autocast_keeps_the_state_precision_of_the_loop_of_cells(device, T):
+    """Under autocast (bfloat16) with a float32 state, the final state's
+    error against float64 is that of T calls of lltm_op.lltm under the same
+    autocast (the state stays float32), not that of a bfloat16 state (the
+    LLTM has no forget gate: its state grows and bfloat16 swamps it; 13x
+    the loop's error at T=50, 120x at T=500, before this held)."""
+    device = need(device)
+    low = torch.bfloat16
+    B, F, S = 4, 8, 16
+    gen = torch.Generator().manual_seed(T)
+    args = make_args(T, B, F, S, device=device, generator=gen)
+    _, (h64, c64) = reference(*(t.double() for t in args))
+    with torch.autocast(device, dtype=low):
+        _, (h_n, c_n) = lltm_sequence(*args)
+        h, c = args[3], args[4]
+        for t in range(T):
+            h, c = lltm(args[0][t], args[1], args[2], h, c)
+    assert h_n.dtype == c_n.dtype == c.dtype == torch.float32
+    assert rel_err(c_n, c64) <= 2 * rel_err(c, c64), (rel_err(c_n, c64), rel_err(c, c64))
+    assert rel_err(h_n, h64) <= 2 * rel_err(h, h64), (rel_err(h_n, h64), rel_err(h, h64))
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -57,6 +57,9 @@ class TestRoundSteContract(OpContract):
     def call(self, x):
         return round_op.round_ste(x)
 
+    def make_module(self, case, dtype, device):
+        return round_op.RoundSTE(), self.make_inputs(case, dtype, device)
+
     def reference(self, x):
         return reference_round_half_up(x)
 

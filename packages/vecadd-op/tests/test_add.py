@@ -57,6 +57,9 @@ class TestAddContract(OpContract):
     def call(self, a, b):
         return vecadd_op.add(a, b)
 
+    def make_module(self, case, dtype, device):
+        return vecadd_op.VecAdd(), self.make_inputs(case, dtype, device)
+
     def reference(self, a, b):
         return torch.add(a, b)
 

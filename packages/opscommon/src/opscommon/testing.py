@@ -16,7 +16,16 @@ runs every ``test_*`` method below for it:
 * every autograd feature right: forward-mode AD (dual tensors), double
   backward, and the torch.func transforms (grad, vjp, jvp, jacrev, jacfwd,
   hessian, vmap), each against the reference, with no warning; a feature an
-  op refuses must raise an error naming the op (``refused_derivatives``).
+  op refuses must raise an error naming the op (``refused_derivatives``);
+* the same first derivatives through the registered ops alone: the public
+  call exported with ``torch.export`` (what an exported program runs) under
+  forward AD and torch.func;
+* meta tensors through the public call and the module (``make_module``):
+  the shapes and dtypes of a real call;
+* autocast over a long chain of calls (``autocast_next_inputs``): the
+  reference's dtypes and, against float64, no worse than twice its error;
+* torch.func transforms from many threads with forced thread switches:
+  the serial results (no state shared between threads).
 
 CUDA variants carry the ``cuda`` marker and skip without a GPU or without a
 CUDA build of the package.
@@ -29,6 +38,7 @@ import gc
 import os
 import subprocess
 import sys
+import threading
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -429,6 +439,136 @@ class DerivativeContract:
             )
 
     @pytest.mark.parametrize("device", DEVICES)
+    def test_exported_program_derivatives_match_reference(self, device: str) -> None:
+        """The public call exported with torch.export (non-strict): its graph
+        calls the package's registered ops, and forward AD, torch.func.jvp,
+        vjp, grad and jacrev of the exported program give the reference's
+        first derivatives (or the refusal, naming the op, of a feature the op
+        refuses): a registered op's own autograd is what an exported
+        program, or any caller of torch.ops, gets."""
+        device = self._device(device)
+        namespace = self.op_name.split(".")[0]
+        case = self.grad_cases[0]
+        inputs, pos, _, ref = self._derivative_setup(case, device)
+        call = self.call
+
+        class Exported(torch.nn.Module):
+            def forward(self, *args):
+                return _as_tuple(call(*args))
+
+        program = torch.export.export(Exported(), inputs, strict=False)
+        targets = {str(n.target) for n in program.graph.nodes if n.op == "call_function"}
+        assert any(t.startswith(f"{namespace}.") for t in targets), f"no {namespace} op in the exported graph: {targets}"
+        run = program.module()
+
+        def f(*diff):
+            full = list(inputs)
+            for i, d in zip(pos, diff):
+                full[i] = d
+            return _as_tuple(run(*full))
+
+        primals = tuple(inputs[i] for i in pos)
+        tangents = tuple(torch.randn_like(p) for p in primals)
+        argnums = tuple(range(len(pos)))
+
+        def dual_tangents(fn):
+            with fwAD.dual_level():
+                duals = [fwAD.make_dual(p, t) for p, t in zip(primals, tangents)]
+                return [fwAD.unpack_dual(o).tangent for o in fn(*duals)]
+
+        if not self._refused("forward_ad", lambda: dual_tangents(f)):
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", UserWarning)
+                got = dual_tangents(f)
+            self._close(got, dual_tangents(ref))
+        if not self._refused("jvp", lambda: torch.func.jvp(f, primals, tangents)):
+            self._close(torch.func.jvp(f, primals, tangents), torch.func.jvp(ref, primals, tangents))
+        if self._refused("vjp", lambda: torch.func.vjp(f, *primals)[1](f(*primals))):
+            return
+        cotangents = tuple(torch.randn_like(o) for o in ref(*primals))
+
+        def loss(fn):
+            return lambda *p: sum((o * w).sum() for o, w in zip(fn(*p), cotangents))
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", UserWarning)
+            got_vjp = torch.func.vjp(f, *primals)[1](cotangents)
+            got_grad = torch.func.grad(loss(f), argnums=argnums)(*primals)
+            got_jac = torch.func.jacrev(f, argnums=argnums)(*primals)
+        self._close(got_vjp, torch.func.vjp(ref, *primals)[1](cotangents))
+        self._close(got_grad, torch.func.grad(loss(ref), argnums=argnums)(*primals))
+        self._close(got_jac, torch.func.jacrev(ref, argnums=argnums)(*primals))
+
+    @pytest.mark.parametrize("device", DEVICES)
+    def test_func_grad_from_threads_matches_serial(self, device: str) -> None:
+        """torch.func.grad of the op from 8 threads at once, with the
+        interpreter switching threads every microsecond: the serial results
+        bit for bit (state the op's autograd keeps between a Function's
+        forward and its setup_context must be per thread)."""
+        device = self._device(device)
+        if "grad" in self.refused_derivatives:
+            pytest.skip("the op refuses torch.func.grad")
+        jobs = [self._derivative_setup(case, device) for case in list(self.grad_cases) * 4]
+
+        def grads(job):
+            inputs, pos, f, _ = job
+            primals = tuple(inputs[i] for i in pos)
+            return torch.func.grad(lambda *p: sum((o * o).sum() for o in f(*p)), argnums=tuple(range(len(pos))))(
+                *primals
+            )
+
+        serial = [grads(job) for job in jobs]
+        results: list = [None] * (8 * len(jobs))
+        errors: list = []
+        start = threading.Barrier(8)
+
+        def worker(k: int) -> None:
+            try:
+                start.wait()
+                for n in range(len(jobs)):
+                    j = (n + k) % len(jobs)
+                    results[k * len(jobs) + j] = grads(jobs[j])
+            except BaseException as e:  # reported below
+                errors.append(e)
+
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(1e-6)
+        try:
+            threads = [threading.Thread(target=worker, args=(k,)) for k in range(8)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        finally:
+            sys.setswitchinterval(interval)
+        assert not errors, errors[0]
+        for k in range(8):
+            for j, want in enumerate(serial):
+                for g, w in zip(results[k * len(jobs) + j], want):
+                    torch.testing.assert_close(g, w, rtol=0, atol=0)
+
+    def test_autograd_state_is_per_thread(self) -> None:
+        """What the package's runtime keeps between a Function's forward and
+        its setup_context under torch.func (the recorded ctx calls) is one
+        stack per thread: a stack shared by threads hands one thread's saved
+        tensors to another's when a thread switch falls between the two
+        (silently wrong gradients; too rare to catch by running threads)."""
+        runtime = sys.modules[f"{self.build_info['package']}._runtime"]
+        mine = runtime._recorded()
+        seen: list = []
+
+        def other() -> None:
+            stack = runtime._recorded()
+            stack.append("other thread")
+            seen.append(stack)
+
+        thread = threading.Thread(target=other)
+        thread.start()
+        thread.join()
+        assert seen and seen[0] is not mine and "other thread" not in mine
+        assert runtime._recorded() is mine
+
+    @pytest.mark.parametrize("device", DEVICES)
     def test_func_vmap_matches_reference(self, device: str) -> None:
         """vmap over a batch of inputs (all batched, and only the first
         differentiable one batched), and vmap of grad (per-sample gradients)."""
@@ -506,6 +646,23 @@ class OpContract(ReliabilityContract, DerivativeContract):
     def case_strategy(self) -> st.SearchStrategy:
         """Cases for the property tests; by default the listed cases."""
         return st.sampled_from(list(self.cases))
+
+    def make_module(self, case: Any, dtype: torch.dtype, device: str) -> tuple[torch.nn.Module, tuple] | None:
+        """The package's nn.Module built on ``device`` (``device=`` and
+        ``dtype=`` of its constructor) and the arguments of a call of it on
+        that device, for ``case``; None when the package has no module."""
+        return None
+
+    #: The case and the number of chained calls of the autocast test; None:
+    #: the last of ``grad_cases``.
+    autocast_case: ClassVar[Any] = None
+    autocast_calls: ClassVar[int] = 100
+
+    def autocast_next_inputs(self, inputs: tuple, outputs: tuple) -> tuple:
+        """The inputs of the next call of a chain (the autocast test): by
+        default the first output takes the first input's place (an
+        accumulation for ops of that shape); recurrent ops pass their state on."""
+        return (outputs[0], *inputs[1:])
 
     # -- helpers --------------------------------------------------------------
     def _device(self, device: str) -> str:
@@ -619,6 +776,63 @@ class OpContract(ReliabilityContract, DerivativeContract):
             )
         assert records()
 
+    def test_meta_tensors_give_the_shapes_of_a_real_call(self) -> None:
+        """The public call and the module on meta tensors (shape inference,
+        models built with device="meta"): the shapes and dtypes of the same
+        call on the CPU, with no device-specific machinery (autocast state)
+        in the way."""
+        for dtype in (torch.float32, self.dtypes[0]):
+            for case in self.cases:
+                inputs = self.make_inputs(case, dtype, "cpu")
+                metas = tuple(t.to("meta") if isinstance(t, torch.Tensor) else t for t in inputs)
+                want, got = _as_tuple(self.call(*inputs)), _as_tuple(self.call(*metas))
+                for g, w in zip(got, want, strict=True):
+                    assert g.device.type == "meta" and g.shape == w.shape and g.dtype == w.dtype, (g, w.shape)
+        for case in self.grad_cases:
+            built = self.make_module(case, torch.float32, "meta")
+            if built is None:
+                return
+            module, args = built
+            assert all(p.device.type == "meta" for p in module.parameters())
+            cpu_module, cpu_args = self.make_module(case, torch.float32, "cpu")
+            got, want = _flat_tensors(module(*args)), _flat_tensors(cpu_module(*cpu_args))
+            for g, w in zip(got, want, strict=True):
+                assert g.device.type == "meta" and g.shape == w.shape and g.dtype == w.dtype, (g, w.shape)
+
+    @pytest.mark.parametrize("device", DEVICES)
+    def test_autocast_chain_keeps_the_reference_precision(self, device: str) -> None:
+        """A long chain of calls (``autocast_next_inputs``) under autocast
+        from float32 inputs: the dtypes of the same chain of the reference
+        under autocast, and an error against the chain in float64 at most
+        twice the reference's (an op that kept a state or an accumulation in
+        the autocast dtype where the reference keeps float32 fails here)."""
+        device = self._device(device)
+        if torch.float32 not in self.dtypes:
+            pytest.skip("no float32")
+        low = torch.bfloat16 if device == "cpu" else torch.float16
+        case = self.autocast_case if self.autocast_case is not None else self.grad_cases[-1]
+        start = self.make_inputs(case, torch.float32, device)
+
+        def chain(fn, inputs, autocast: bool):
+            with torch.autocast(device, dtype=low, enabled=autocast):
+                for _ in range(self.autocast_calls):
+                    outputs = _as_tuple(fn(*inputs))
+                    inputs = self.autocast_next_inputs(inputs, outputs)
+            return outputs
+
+        got = chain(self.call, start, True)
+        want = chain(self.reference, start, True)
+        exact = chain(self.reference, tuple(t.double() if isinstance(t, torch.Tensor) else t for t in start), False)
+        for g, w, x in zip(got, want, exact, strict=True):
+            assert g.dtype == w.dtype and g.shape == w.shape, (g.dtype, w.dtype)
+            norm = x.double().norm().item() or 1.0
+            err_got = (g.double() - x.double()).norm().item() / norm
+            err_ref = (w.double() - x.double()).norm().item() / norm
+            assert err_got <= 2 * err_ref + 1e-6, (
+                f"{self.op_name} under autocast: relative error {err_got:.2e} against float64 after "
+                f"{self.autocast_calls} chained calls, the reference's {err_ref:.2e}"
+            )
+
     @pytest.mark.parametrize("device", DEVICES)
     def test_bad_input_is_a_clear_error(self, device: str) -> None:
         device = self._device(device)
@@ -627,6 +841,14 @@ class OpContract(ReliabilityContract, DerivativeContract):
         for bad in cases:
             with pytest.raises(bad.error, match=bad.match):
                 bad.call()
+
+
+def _flat_tensors(x: Any) -> list:
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (tuple, list)):
+        return [t for item in x for t in _flat_tensors(item)]
+    return []
 
 
 def run_with_public_api_only(code: str, timeout: float = 600) -> None:
