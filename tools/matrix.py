@@ -75,6 +75,13 @@ class Matrix:
     cpu_wheel_torch: str
 
     @property
+    def torch_ceiling(self) -> str:
+        """The first torch major the op packages do not claim: the stable
+        ABI keeps its C shims for at least two years, not across a major
+        release (the floor's major + 1: "3")."""
+        return str(int(self.torch_floor.split(".")[0]) + 1)
+
+    @property
     def variants(self) -> list[str]:
         """Wheel variants: "cpu" and one per CUDA toolkit ("cu130", ...)."""
         return ["cpu"] + [tk.variant for tk in self.toolkits.values()]

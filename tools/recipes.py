@@ -121,6 +121,7 @@ def op_values(package: str, packages: Path = PACKAGES) -> dict[str, str]:
         "HOMEPAGE": PROJECT_URL,
         "REPOSITORY": PROJECT_URL,
         "TORCH_FLOOR": matrix.torch_floor,
+        "TORCH_CEILING": matrix.torch_ceiling,
         "HOST_TOOLS": _yaml_list(host, 4),
         "TEST_REQUIREMENTS": _yaml_list(tests, 8),
     }

@@ -30,6 +30,10 @@ def test_recipe_values_come_from_the_package(package):
     assert f"path: ../../packages/{package}\n" in text
     assert f"packages/{package}/pyproject.toml" in text
     assert f"pytorch >={load().torch_floor} ${{{{ torch_proc_type }}}}*" in text
+    # run: the stable-ABI floor and the next major as the ceiling, nothing between
+    run = text.split("  run:\n")[1].split("  ignore_run_exports:")[0]
+    assert f"    - pytorch >={load().torch_floor},<{load().torch_ceiling} ${{{{ torch_proc_type }}}}*\n" in run
+    assert load().torch_ceiling == "3"
     assert "  license_file: LICENSE\n" in text
     assert f"  homepage: {recipes.PROJECT_URL}\n" in text
     assert "version_independent: true" in text

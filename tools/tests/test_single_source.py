@@ -50,8 +50,9 @@ def test_pyprojects(package):
     assert '"setuptools>=77"' in text  # SPDX license strings need setuptools >= 77
     assert (PACKAGES / package / "LICENSE").read_text() == (ROOT / "LICENSE").read_text()
     if package != COMMON:
-        assert f'dependencies = ["torch>={M.torch_floor}"]' in text
-        assert f'"torch>={M.torch_floor}"' in text.split("[project]")[0]  # build requirement
+        torch_req = f"torch>={M.torch_floor},<{M.torch_ceiling}"
+        assert f'dependencies = ["{torch_req}"]' in text
+        assert f'"{torch_req}"' in text.split("[project]")[0]  # build requirement
         # the build helper comes from the repository or the sdist, never an index
         assert "opscommon" not in re.sub(r"#.*", "", text)
 

@@ -78,3 +78,11 @@ def test_cuda_requested_with_malformed_arch_list(tmp_path):
     result = _build(tmp_path, OPS_CUDA="1", TORCH_CUDA_ARCH_LIST="sm_90;banana")
     assert result.returncode != 0
     assert "TORCH_CUDA_ARCH_LIST='sm_90;banana' is malformed (bad entries: sm_90, banana)" in result.stderr
+
+
+def test_auto_with_a_wrong_arch_list_fails_instead_of_building_the_cpu_variant(tmp_path):
+    result = _build(tmp_path, OPS_CUDA="auto", TORCH_CUDA_ARCH_LIST="Ampere+PTX")
+    assert result.returncode != 0
+    assert "TORCH_CUDA_ARCH_LIST='Ampere+PTX' is malformed" in result.stderr
+    assert "Set OPS_CUDA=0" in result.stderr or "set OPS_CUDA=0" in result.stderr
+    assert "building the CPU variant" not in result.stderr

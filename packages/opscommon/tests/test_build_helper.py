@@ -120,6 +120,80 @@ def test_arch_list_default_and_validation():
             build.validate_arch_list(bad)
 
 
+# Lists torch's TORCH_CUDA_ARCH_LIST grammar accepts (torch.utils.cpp_extension):
+# named architectures (combined names too), spaces or ';', "+PTX", "a" arches.
+GOOD_ARCH_LISTS = [
+    "8.0",
+    "7.5;8.0;9.0;10.0;12.0+PTX",
+    "8.0 9.0a;10.0+PTX",
+    "Ampere+Tegra",
+    "Ampere",
+    "Hopper;Blackwell",
+    "Turing Ampere+Tegra;9.0",
+    "Kepler+Tesla;Maxwell+Tegra;Volta+Tegra;Blackwell+Tegra",
+    "Ada;12.1a+PTX",
+]
+# ... and lists it refuses (empty entries, unknown arches, sm_ names).
+BAD_ARCH_LISTS = ["", "sm_90", "9", "9.0;banana", "8.0;", "8.0  9.0", "Ampere+PTX", "8.1", "native;8.0", "8.0\t9.0"]
+
+
+@pytest.mark.parametrize("value", GOOD_ARCH_LISTS)
+def test_every_arch_list_torch_accepts_is_accepted(value):
+    entries = build.validate_arch_list(value)
+    assert entries == build.expand_arch_list(value) and all(entries)
+    # the torch installed here agrees (it compiles what the helper passes)
+    assert build._torch_verdict(value) in ("", None)
+
+
+@pytest.mark.parametrize("value", BAD_ARCH_LISTS)
+def test_arch_lists_torch_refuses_are_errors(value):
+    with pytest.raises(BuildConfigError, match=r"TORCH_CUDA_ARCH_LIST=.* is malformed \(bad entries: "):
+        build.validate_arch_list(value)
+    if value:
+        assert build._torch_verdict(value) != ""
+
+
+@pytest.mark.parametrize("value", GOOD_ARCH_LISTS + BAD_ARCH_LISTS)
+def test_arch_list_tables_match_torch(value, monkeypatch):
+    """The helper's own tables (used where torch cannot be asked) give
+    torch's verdict."""
+    verdict = build._torch_verdict(value)
+    if verdict is None or not value:
+        pytest.skip("torch cannot be asked here")
+    monkeypatch.setattr(build, "_torch_verdict", lambda v: None)
+    try:
+        build.validate_arch_list(value)
+        ours = ""
+    except BuildConfigError as e:
+        ours = str(e)
+    assert (ours == "") == (verdict == ""), (ours, verdict)
+
+
+def test_native_arch_list_is_resolved_from_the_gpus():
+    assert build.validate_arch_list("native") == ["native"]
+    torch_arches = ["sm_75", "sm_80", "sm_86", "sm_90", "compute_90"]
+    assert build.resolve_native_arch_list([(9, 0), (8, 6), (9, 0)], torch_arches) == "8.6;9.0+PTX"
+    # a GPU newer than the torch knows: capped, as torch caps it
+    assert build.resolve_native_arch_list([(12, 0)], torch_arches) == "9.0+PTX"
+    with pytest.raises(BuildConfigError, match="TORCH_CUDA_ARCH_LIST=native .* torch sees none"):
+        build.resolve_native_arch_list([], torch_arches)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a visible GPU")
+def test_native_without_a_gpu_is_a_clear_error():
+    env = {"TORCH_CUDA_ARCH_LIST": "native"}
+    with pytest.raises(BuildConfigError, match="TORCH_CUDA_ARCH_LIST=native .* name the architectures instead"):
+        build.ensure_arch_list(env)
+
+
+@pytest.mark.parametrize("choice", ["auto", "1"])
+def test_a_wrong_arch_list_is_an_error_never_a_cpu_build(choice):
+    with pytest.raises(BuildConfigError, match=rf"OPS_CUDA={choice} .*'Ampere\+PTX' is malformed.*OPS_CUDA=0"):
+        build.detect_variant({"OPS_CUDA": choice, "TORCH_CUDA_ARCH_LIST": "Ampere+PTX", "PATH": os.environ["PATH"]})
+    # OPS_CUDA=0 ignores the arch list
+    assert not build.detect_variant({"OPS_CUDA": "0", "TORCH_CUDA_ARCH_LIST": "Ampere+PTX"}).cuda
+
+
 def test_runtime_module_fills_build_info():
     info = {
         "package": "x_op",
@@ -141,6 +215,11 @@ def test_runtime_module_fills_build_info():
     [
         ({"torch_min": "9.0"}, "for torch >= 9.0.*Install torch>=9.0"),
         ({"cuda": "99.0"}, "CUDA 99.0 build"),
+        # the cu124 wheel: compiled with the 12.4 toolkit against torch's CUDA 12.8
+        (
+            {"cuda": "99.8", "cuda_toolkit": "99.4"},
+            r"is a CUDA 99.4 build \(compiled with the CUDA 99.4 toolkit against a torch built for CUDA 99.8\)",
+        ),
     ],
 )
 def test_runtime_import_checks(info_update, message):
@@ -178,8 +257,11 @@ def test_variant_label_names_the_toolkit():
 
 
 def test_build_info_carries_the_variant():
-    info = build.build_info("x_op", "1.2.3", build.Variant(True, "cuda", "13.0"), "cu130")
+    info = build.build_info("x_op", "1.2.3", build.Variant(True, "cuda", "13.0", (13, 0)), "cu130")
     assert info["version"] == "1.2.3+cu130" and info["variant"] == "cu130" and info["cuda"] == "13.0"
+    assert info["cuda_toolkit"] == "13.0"
+    info = build.build_info("x_op", "1.2.3", build.Variant(True, "cuda", "12.8", (12, 4)), "cu124")
+    assert info["variant"] == "cu124" and info["cuda"] == "12.8" and info["cuda_toolkit"] == "12.4"
     info = build.build_info("x_op", "1.2.3", build.Variant(False, "cpu"))
     assert info["version"] == "1.2.3" and info["variant"] == "cpu" and info["cuda"] is None
 

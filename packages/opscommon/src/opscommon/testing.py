@@ -458,7 +458,7 @@ class DerivativeContract:
 
         program = torch.export.export(Exported(), inputs, strict=False)
         targets = {str(n.target) for n in program.graph.nodes if n.op == "call_function"}
-        assert any(t.startswith(f"{namespace}.") for t in targets), f"no {namespace} op in the exported graph: {targets}"
+        assert any(t.startswith(f"{namespace}.") for t in targets), f"no {namespace} op in the graph: {targets}"
         run = program.module()
 
         def f(*diff):
