@@ -135,7 +135,10 @@ def main() -> None:
         grid = [(T, B, S, d) for d in a.dtypes.split(",") for S in ints(a.S) for B in ints(a.B) for T in ints(a.T)]
     precisions = {"f32": [("TF32", True), ("full", False)]}
     rows = []
-    header = f"{'T':>5} {'B':>4} {'S':>5} {'dtype':>9} {'mode':>16} {'ours ms':>8} {'cuBLAS':>8} {'LSTM ms':>8} {'ratio':>6} {'TFLOP/s':>7}"
+    header = (
+        f"{'T':>5} {'B':>4} {'S':>5} {'dtype':>9} {'mode':>16} {'ours ms':>8} {'cuBLAS':>8} "
+        f"{'LSTM ms':>8} {'ratio':>6} {'TFLOP/s':>7}"
+    )
     print(f"device: {torch.cuda.get_device_name() if device == 'cuda' else 'cpu'}, torch {torch.__version__}")
     print(header)
     for T, B, S, dname in grid:

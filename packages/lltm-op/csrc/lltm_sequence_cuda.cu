@@ -696,8 +696,8 @@ struct CudaDev {
         with_q(p.q, [&](auto qc) {
           constexpr int Q = decltype(qc)::value;
           auto kernel = tc::forward_tc_kernel<T, Q>;
-          OPSCOMMON_CUDA_CHECK(cudaFuncSetAttribute(
-              kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
+          OPSCOMMON_CUDA_CHECK(
+              cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
           kernel<<<p.grid, tc::kTcThreads, p.smem_forward, stream>>>(
               a.T, a.B, a.S, p.bm, static_cast<T*>(f.gates), static_cast<const T*>(f.bias),
               static_cast<const T*>(h0), static_cast<const T*>(f.w_hT),
@@ -722,8 +722,8 @@ struct CudaDev {
         with_q(p.q, [&](auto qc) {
           constexpr int Q = decltype(qc)::value;
           auto kernel = tc::backward_tc_kernel<T, Q>;
-          OPSCOMMON_CUDA_CHECK(cudaFuncSetAttribute(
-              kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
+          OPSCOMMON_CUDA_CHECK(
+              cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
           kernel<<<p.grid, tc::kTcThreads, p.smem_backward, stream>>>(
               a.T, a.t0, a.t1, a.K, a.B, a.S, p.bm, static_cast<const T*>(a.grad_outputs),
               static_cast<const T*>(a.grad_h_n), static_cast<const T*>(a.grad_c_n),

@@ -161,12 +161,11 @@ __device__ __forceinline__ void mma_group(float (&acc)[NT][4], const uint4 (&v)[
 }
 
 // acc[nt] += A[rows ra, rb; chunks c0 .. c1) @ fragments. A is row-major with
-// K columns, its rows 16-byte aligned, K a multiple of 8. A is read from L2 (other blocks of this launch wrote it), two groups of
-// chunks in flight.
+// K columns, its rows 16-byte aligned, K a multiple of 8. A is read from L2 (other blocks of this
+// launch wrote it), two groups of chunks in flight.
 template <typename T, int NT>
 __device__ __forceinline__ void tile_product(float (&acc)[NT][4], const T* a_ra, const T* a_rb,
-                                             int64_t K, int64_t c0, int64_t c1,
-                                             const uint2* frag) {
+                                             int64_t K, int64_t c0, int64_t c1, const uint2* frag) {
   uint4 va[kGroup][2], vb[kGroup][2];
   load_group(va, a_ra, a_rb, K, c0, c1);
   for (int64_t c = c0; c < c1; c += 2 * kGroup) {
@@ -283,7 +282,8 @@ __global__ void __launch_bounds__(kTcThreads, 1)
         if (!valid(half, q)) continue;
         const int64_t row = row_base + 8 * half, j = col_base + 8 * q;
 #pragma unroll
-        for (int g = 0; g < 3; ++g) p_next[g][q][half] = *reinterpret_cast<const uint32_t*>(g_t + row * S3 + g * S + j);
+        for (int g = 0; g < 3; ++g)
+          p_next[g][q][half] = *reinterpret_cast<const uint32_t*>(g_t + row * S3 + g * S + j);
       }
     }
   };

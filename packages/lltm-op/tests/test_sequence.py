@@ -887,7 +887,15 @@ def _cuda_kernel_names(fn) -> list[str]:
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize(
     "size",
-    [(5, 3, 4, 8), (1, 5, 3, 16), (3, 70, 9, 40), (4, 16, 8, 64), (2, 33, 16, 136), (6, 130, 24, 256), (3, 300, 32, 128)],
+    [
+        (5, 3, 4, 8),
+        (1, 5, 3, 16),
+        (3, 70, 9, 40),
+        (4, 16, 8, 64),
+        (2, 33, 16, 136),
+        (6, 130, 24, 256),
+        (3, 300, 32, 128),
+    ],
     ids=str,
 )
 def test_cuda_tensor_core_kernels_run_and_match_the_reference(dtype, size):
