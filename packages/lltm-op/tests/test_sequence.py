@@ -575,8 +575,8 @@ def test_exported_program_under_torch_func(device):
             self.seq = m
 
         def forward(self, x, h, c):
-            outputs, (h_n, c_n) = self.seq(x, (h, c))
-            return outputs, h_n, c_n
+            outputs, (h_n, c_n) = self.seq(x, (h[None], c[None]))  # nn.LSTM's [layers, B, S] state
+            return outputs, h_n[0], c_n[0]
 
     x, _, _, h, c = make_args(3, 2, 3, 4, dtype=torch.float64, device=device)
     ep = torch.export.export(Run(), (x, h, c), strict=False)
@@ -733,7 +733,7 @@ def test_module_compiles_fullgraph_with_backward(device):
     h, c = torch.randn(3, 10, device=device), torch.randn(3, 10, device=device)
 
     def loss_of(x, h, c):
-        outputs, (h_n, c_n) = m(x, (h, c))
+        outputs, (h_n, c_n) = m(x, (h[None], c[None]))  # nn.LSTM's [layers, B, S] state
         return outputs.square().sum() + h_n.sum() + c_n.square().sum()
 
     compiled = torch.compile(loss_of, fullgraph=True)
@@ -758,8 +758,8 @@ def test_export_keeps_the_custom_op(strict):
             self.seq = m
 
         def forward(self, x, h, c):
-            outputs, (h_n, c_n) = self.seq(x, (h, c))
-            return outputs, h_n, c_n
+            outputs, (h_n, c_n) = self.seq(x, (h[None], c[None]))  # nn.LSTM's [layers, B, S] state
+            return outputs, h_n[0], c_n[0]
 
     x, h, c = torch.randn(4, 3, 5), torch.randn(3, 8), torch.randn(3, 8)
     ep = torch.export.export(Run(), (x, h, c), strict=strict)
@@ -795,7 +795,8 @@ def test_a_trained_cell_drops_in():
     want = [p.grad.clone() for p in cell.parameters()]
     cell.zero_grad()
     for m in (seq, loaded):
-        outputs, (h_n, c_n) = m(x, (h0, c0))
+        outputs, (h_n, c_n) = m(x, (h0[None], c0[None]))
+        h_n, c_n = h_n[0], c_n[0]
         torch.testing.assert_close(outputs, loop)
         torch.testing.assert_close(h_n, h)
         torch.testing.assert_close(c_n, c)
@@ -821,7 +822,7 @@ def test_short_training_loop_loss_falls(device):
     losses = []
     for _ in range(120):
         _, (h_n, _) = seq(xs)
-        loss = torch.nn.functional.mse_loss(head(h_n), target)
+        loss = torch.nn.functional.mse_loss(head(h_n[0]), target)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()

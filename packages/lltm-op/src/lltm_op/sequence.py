@@ -1,4 +1,4 @@
-"""The LLTM over whole sequences: ``lltm_sequence`` and the ``LLTMSequence``
+"""The LLTM over whole sequences: ``lltm_sequence`` (the module built on
 module, on the fused multi-step ops ``lltm_op::sequence_forward`` and
 ``lltm_op::sequence_backward``.
 
@@ -18,11 +18,10 @@ autograd node.
 
 from __future__ import annotations
 
-import math
 import weakref
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from . import _runtime
 from . import ops as _ops  # loads the compiled library
@@ -528,53 +527,3 @@ def _autocast_sequence(input, weights, bias, old_h, old_cell):
             _explain_bad_args(*cast)
         outputs, h_n, c_n, _, _ = _run(*cast)
     return outputs, (h_n, c_n)
-
-
-class LLTMSequence(nn.Module):
-    """The LLTM cell over whole sequences, as ``nn.LSTM`` is to ``nn.LSTMCell``.
-
-    Same parameters as :class:`lltm_op.LLTM` (``weights`` ``[3*S, S+F]``,
-    ``bias`` ``[3*S]``, same names and initialisation), so a trained cell's
-    ``state_dict`` loads into it, or :meth:`from_cell` shares the cell's
-    parameters.
-
-    ``forward(input, state=None)``: ``input`` ``[T, B, F]``, ``state`` an
-    optional ``(h_0, c_0)`` (zeros when omitted); returns
-    ``(outputs, (h_n, c_n))``.
-    """
-
-    def __init__(self, input_features: int, state_size: int, *, device=None, dtype=None) -> None:
-        super().__init__()
-        self.input_features = input_features
-        self.state_size = state_size
-        factory = {"device": device, "dtype": dtype}
-        self.weights = nn.Parameter(torch.empty(3 * state_size, input_features + state_size, **factory))
-        self.bias = nn.Parameter(torch.empty(3 * state_size, **factory))
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        stdv = 1.0 / math.sqrt(self.state_size)
-        for weight in self.parameters():
-            nn.init.uniform_(weight, -stdv, +stdv)
-
-    @classmethod
-    def from_cell(cls, cell: nn.Module) -> LLTMSequence:
-        """A sequence module that shares ``cell``'s parameters (no copy)."""
-        seq = cls.__new__(cls)
-        nn.Module.__init__(seq)
-        seq.input_features = cell.input_features
-        seq.state_size = cell.state_size
-        seq.weights = cell.weights
-        seq.bias = cell.bias
-        return seq
-
-    def forward(self, input: Tensor, state: tuple[Tensor, Tensor] | None = None):
-        if state is None:
-            batch = input.shape[1] if isinstance(input, Tensor) and input.dim() == 3 else 0
-            zeros = torch.zeros(batch, self.state_size, dtype=input.dtype, device=input.device)
-            state = (zeros, zeros)
-        old_h, old_cell = state
-        return lltm_sequence(input, self.weights, self.bias, old_h, old_cell)
-
-    def extra_repr(self) -> str:
-        return f"input_features={self.input_features}, state_size={self.state_size}"
