@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from . import steps, toolkits, wheels
-from .matrix import Matrix
+from .matrix import Matrix, Platform
 from .packages import COMMON, import_name, op_packages
 from .results import Results
 
@@ -49,19 +49,52 @@ def build_variant(
     return version, built
 
 
-def release(session: Any, results: Results, built: list[str], work: Path, dest: Path, variant: str) -> None:
+def build_cross(
+    session: Any, m: Matrix, plat: Platform, variant: str, packages: list[str], results: Results, dest: Path, check: str
+) -> list[str]:
+    """Cross-compile every package's ``variant`` wheel for ``plat`` into
+    ``dest`` (the session has the build machine's torch, which runs the build;
+    the binaries compile against PyPI's torch wheel for ``plat``). Returns the
+    packages built; without the cross compiler each is a skip, with the reason."""
+    missing = steps.cross_compiler_missing(plat)
+    if missing:
+        for package in packages:
+            results.add(package, check, "skip", "no cross compiler", missing)
+        return []
+    if variant != "cpu":
+        raise ValueError(f"{variant} is not built for {plat.name}: only {', '.join(plat.variants)}")
+    torch_root = steps.target_torch(session, m.torches[plat.torch].version, plat.wheel_tag, m.default_python)
+    steps.install_wheel(session, steps.build_wheel(session, COMMON, dest, cuda=False))
+    env = steps.cross_build_env(plat, torch_root)
+    built = []
+    for package in packages:
+        try:
+            wheel = steps.build_wheel(session, package, dest, cuda=False, env=env)
+        except (steps.CommandFailed, ValueError) as exc:
+            results.add(package, check, "fail", "build failed", str(exc))
+            continue
+        results.add(package, check, "pass", "built", wheel.name)
+        built.append(package)
+    return built
+
+
+def release(
+    session: Any, results: Results, built: list[str], work: Path, dest: Path, variant: str, tag: str = wheels.PLATFORM
+) -> None:
     """Repair and audit each op wheel built in ``work`` into ``dest`` (the
-    variant's index folder), then write its PEP 503 index."""
-    shutil.rmtree(dest, ignore_errors=True)
-    dest.mkdir(parents=True)
+    variant's index folder, shared by every CPU: only wheels of ``tag``'s CPU
+    are replaced), then write its PEP 503 index."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for old in dest.glob(f"*_{wheels.machine_of(tag)}.whl"):
+        old.unlink()
     for package in built:
         (wheel,) = work.glob(f"{import_name(package)}-*.whl")
         try:
-            fixed = wheels.repair(session, wheel, dest)
+            fixed = wheels.repair(session, wheel, dest, tag)
         except (steps.CommandFailed, ValueError) as exc:  # auditwheel refused: the binary is not portable
             results.add(package, f"{variant}: manylinux", "fail", "auditwheel repair refused", str(exc))
             continue
-        wheels.audit(session, results, fixed, package, f"{variant}: manylinux")
+        wheels.audit(session, results, fixed, package, f"{variant}: manylinux", tag)
     index = wheels.write_index(dest)
     session.log(f"{variant} index {index}: " + ", ".join(sorted(p.name for p in dest.glob("*.whl"))))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import zipfile
+from pathlib import Path
 
 import pytest
 
@@ -29,11 +30,18 @@ needs_gxx = pytest.mark.skipif(
 )
 
 
-def _build(tmp_path, flags):
+CROSS_GXX = "aarch64-linux-gnu-g++"
+needs_cross = pytest.mark.skipif(
+    shutil.which(CROSS_GXX) is None or shutil.which("objdump") is None,
+    reason=f"needs {CROSS_GXX} (apt-get install g++-aarch64-linux-gnu) and objdump",
+)
+
+
+def _build(tmp_path, flags, gxx="g++"):
     (tmp_path / "t.cpp").write_text(SOURCE)
     out = tmp_path / f"t{len(flags)}.so"
     subprocess.run(
-        ["g++", "-O2", "-shared", "-fPIC", "-std=c++17", *flags, str(tmp_path / "t.cpp"), "-o", str(out)], check=True
+        [gxx, "-O2", "-shared", "-fPIC", "-std=c++17", *flags, str(tmp_path / "t.cpp"), "-o", str(out)], check=True
     )
     return out
 
@@ -53,6 +61,36 @@ def test_floor_check_reads_what_a_plain_build_needs(tmp_path):
     over = elf.exceeds(so, {"GLIBC": "2.2.5"})
     assert over and all(v.startswith("GLIBC_") for v in over)
     assert elf.exceeds(so, {"GLIBC": ".".join(map(str, glibc))}) == []
+
+
+@needs_cross
+def test_compat_headers_keep_an_aarch64_binary_at_its_first_glibc(tmp_path):
+    compat = ["-isystem", str(COMPAT), "-include", str(COMPAT / "opscommon_glibc_compat.h")]
+    so = _build(tmp_path, compat, CROSS_GXX)
+    assert elf.machine(so) == "aarch64"
+    # every glibc symbol at aarch64's first version (Debian 12's cross glibc is 2.36)
+    assert elf.required_versions(so)["GLIBC"] == ["2.17"]
+    (tmp_path / "plain").mkdir()
+    plain = _build(tmp_path / "plain", [], CROSS_GXX)
+    assert elf.exceeds(plain, elf.MANYLINUX_2_28), "a plain build should need a newer glibc (exp, dlsym)"
+
+
+def test_elf_machine_reads_the_header(tmp_path):
+    import platform
+    import sys
+
+    assert elf.machine(Path(sys.executable).resolve()) == platform.machine()
+    fake = tmp_path / "x.so"
+    fake.write_bytes(b"\x7fELF\x02\x01\x01" + bytes(11) + (183).to_bytes(2, "little") + bytes(40))
+    assert elf.machine(fake) == "aarch64"
+    (tmp_path / "t.txt").write_text("no elf")
+    with pytest.raises(ValueError, match="not an ELF"):
+        elf.machine(tmp_path / "t.txt")
+
+
+def test_machine_of_a_platform_tag():
+    assert wheels.machine_of("manylinux_2_28_aarch64") == "aarch64"
+    assert wheels.machine_of("manylinux_2_28_x86_64") == "x86_64"
 
 
 def test_index_is_pep_503(tmp_path):
