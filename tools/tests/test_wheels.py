@@ -105,3 +105,22 @@ def test_index_is_pep_503(tmp_path):
     page = (simple / "lltm-op" / "index.html").read_text()
     assert 'href="../../lltm_op-0.1.0+cu130-cp310-abi3-manylinux_2_28_x86_64.whl#sha256=' in page
     assert wheels.project_of(tmp_path / "round_op-0.1.0-x.whl") == "round-op"
+
+
+def _abi_report(**torch):
+    base = {"uses_torch": True, "stable": True, "unstable_symbols": [], "min_torch_version": "2.10.0"}
+    lib = {"path": "/x/lltm_op/_C.abi3.so", "torch": {**base, **torch}, "error": None}
+    return {"name": "_C.abi3.so", "extensions": [], "bundled_libs": [lib], "error": None}
+
+
+def test_torch_abi_audit_report_must_match_the_floor():
+    # the shape of torch-abi-audit 0.3.0's --json report of a real binary
+    assert wheels.torch_abi(_abi_report(), "2.10") == ([], "_C.abi3.so: stable ABI, torch >= 2.10.0")
+    problems, _ = wheels.torch_abi(_abi_report(min_torch_version="2.11.0"), "2.10")
+    assert problems == ["_C.abi3.so needs torch >= 2.11.0, the declared floor is 2.10"]
+    problems, _ = wheels.torch_abi(_abi_report(min_torch_version="2.9.0"), "2.10")
+    assert problems  # older than the floor: the target macro did not take
+    problems, _ = wheels.torch_abi(_abi_report(stable=False, unstable_symbols=["_ZN3c106detail"]), "2.10")
+    assert "outside the stable ABI" in problems[0]
+    problems, _ = wheels.torch_abi({"bundled_libs": [], "extensions": [], "error": None}, "2.10")
+    assert "could not read" in problems[0]
