@@ -86,21 +86,41 @@ def demo(session: nox.Session) -> None:
 
 @nox.session(python=M.default_python)
 def build(session: nox.Session) -> None:
-    """Release wheels: dist/cpu/ (`-- cuda`: every CUDA variant, dist/cu130/ ...).
+    """Release wheels: dist/cpu/ (`-- cuda`: every CUDA variant, dist/cu130/ ...;
+    `-- aarch64`: that platform's wheels, cross-compiled, into the same indexes).
 
     Each op wheel is repaired to manylinux_2_28 and checked (symbol versions,
     auditwheel, abi3audit, twine); each folder is a PEP 503 index. The
-    sdists of every package go to dist/src/."""
-    args = _args(session, {"cuda"})
+    sdists of every package go to dist/src/ (native builds)."""
+    cross = [p for p in M.platforms.values() if not p.native]
+    args = _args(session, {"cuda", *(p.name for p in cross)})
     results = Results(session, "build")
     variants = M.variants[1:] if "cuda" in args.flags else ["cpu"]
-    for variant in variants:
-        work = steps.tmp(session, f"built-{variant}")
-        _, built = lanes.build_variant(
-            session, M, variant, args.packages, results, work, f"{variant}: build", *wheels.AUDIT_TOOLS
-        )
-        lanes.release(session, results, built, work, ROOT / "dist" / variant, variant)
-    if "cuda" not in args.flags:
+    chosen = [p for p in cross if p.name in args.flags]
+    if not chosen:
+        for variant in variants:
+            work = steps.tmp(session, f"built-{variant}")
+            _, built = lanes.build_variant(
+                session, M, variant, args.packages, results, work, f"{variant}: build", *wheels.AUDIT_TOOLS
+            )
+            lanes.release(session, results, built, work, ROOT / "dist" / variant, variant)
+    else:
+        steps.install_env(session, M, M.cpu_wheel_torch, *wheels.AUDIT_TOOLS)
+    for plat in chosen:
+        for variant in variants:
+            check = f"{variant} {plat.name}: build"
+            if variant not in plat.variants:
+                for package in args.packages:
+                    results.add(
+                        package, check, "skip", "not built", f"matrix.toml builds only {plat.variants} for {plat.name}"
+                    )
+                continue
+            work = steps.tmp(session, f"built-{variant}-{plat.name}")
+            built = lanes.build_cross(session, M, plat, variant, args.packages, results, work, check)
+            lanes.release(
+                session, results, built, work, ROOT / "dist" / variant, f"{variant} {plat.name}", plat.wheel_tag
+            )
+    if "cuda" not in args.flags and not chosen:
         src = ROOT / "dist" / "src"
         shutil.rmtree(src, ignore_errors=True)
         for package in [COMMON, *args.packages]:
@@ -108,6 +128,16 @@ def build(session: nox.Session) -> None:
         shutil.copy2(next(work.glob("opscommon-*.whl")), src)
         session.log(f"sdists in {src}: " + ", ".join(sorted(p.name for p in src.iterdir())))
     results.finish()
+
+
+@nox.session(python=M.default_python, default=False)
+def test_aarch64(session: nox.Session) -> None:
+    """The aarch64 wheels, cross-compiled, with PyPI's aarch64 torch in an
+    aarch64 CPython under qemu-aarch64: every op package's tests but
+    torch.compile's (`-- round-op` limits it; other arguments go to pytest).
+    Skipped, saying why, without qemu-user or the cross compiler."""
+    args = _args(session)
+    lanes.emulated_tests(session, M, M.platforms["aarch64"], args.packages, args.rest)
 
 
 @nox.session(python=M.default_python)

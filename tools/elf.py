@@ -13,6 +13,22 @@ from pathlib import Path
 _VERSION_RE = re.compile(r"\b(GLIBC|GLIBCXX|CXXABI|GCC)_(\d+(?:\.\d+)*)\b")
 
 
+# ELF e_machine values of the CPUs the wheels are built for.
+_MACHINES = {62: "x86_64", 183: "aarch64"}
+
+
+def machine(path: Path) -> str:
+    """The CPU an ELF file is for ("x86_64", "aarch64"; "EM_<n>" for others),
+    read from its header (any architecture, no tool needed)."""
+    with open(path, "rb") as fh:
+        head = fh.read(20)
+    if head[:4] != b"\x7fELF":
+        raise ValueError(f"{path} is not an ELF file")
+    order = "little" if head[5] == 1 else "big"
+    em = int.from_bytes(head[18:20], order)
+    return _MACHINES.get(em, f"EM_{em}")
+
+
 def _key(version: str) -> tuple[int, ...]:
     return tuple(int(x) for x in version.split("."))
 

@@ -4,13 +4,14 @@ index, and one torch release of the support matrix."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from pathlib import Path
 from typing import Any
 
 from . import steps, toolkits, wheels
-from .matrix import Matrix
+from .matrix import Matrix, Platform
 from .packages import COMMON, import_name, op_packages
 from .results import Results
 
@@ -49,19 +50,52 @@ def build_variant(
     return version, built
 
 
-def release(session: Any, results: Results, built: list[str], work: Path, dest: Path, variant: str) -> None:
+def build_cross(
+    session: Any, m: Matrix, plat: Platform, variant: str, packages: list[str], results: Results, dest: Path, check: str
+) -> list[str]:
+    """Cross-compile every package's ``variant`` wheel for ``plat`` into
+    ``dest`` (the session has the build machine's torch, which runs the build;
+    the binaries compile against PyPI's torch wheel for ``plat``). Returns the
+    packages built; without the cross compiler each is a skip, with the reason."""
+    missing = steps.cross_compiler_missing(plat)
+    if missing:
+        for package in packages:
+            results.add(package, check, "skip", "no cross compiler", missing)
+        return []
+    if variant != "cpu":
+        raise ValueError(f"{variant} is not built for {plat.name}: only {', '.join(plat.variants)}")
+    torch_root = steps.target_torch(session, m.torches[plat.torch].version, plat.wheel_tag, m.default_python)
+    steps.install_wheel(session, steps.build_wheel(session, COMMON, dest, cuda=False))
+    env = steps.cross_build_env(plat, torch_root)
+    built = []
+    for package in packages:
+        try:
+            wheel = steps.build_wheel(session, package, dest, cuda=False, env=env)
+        except (steps.CommandFailed, ValueError) as exc:
+            results.add(package, check, "fail", "build failed", str(exc))
+            continue
+        results.add(package, check, "pass", "built", wheel.name)
+        built.append(package)
+    return built
+
+
+def release(
+    session: Any, results: Results, built: list[str], work: Path, dest: Path, variant: str, tag: str = wheels.PLATFORM
+) -> None:
     """Repair and audit each op wheel built in ``work`` into ``dest`` (the
-    variant's index folder), then write its PEP 503 index."""
-    shutil.rmtree(dest, ignore_errors=True)
-    dest.mkdir(parents=True)
+    variant's index folder, shared by every CPU: only wheels of ``tag``'s CPU
+    are replaced), then write its PEP 503 index."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for old in dest.glob(f"*_{wheels.machine_of(tag)}.whl"):
+        old.unlink()
     for package in built:
         (wheel,) = work.glob(f"{import_name(package)}-*.whl")
         try:
-            fixed = wheels.repair(session, wheel, dest)
+            fixed = wheels.repair(session, wheel, dest, tag)
         except (steps.CommandFailed, ValueError) as exc:  # auditwheel refused: the binary is not portable
             results.add(package, f"{variant}: manylinux", "fail", "auditwheel repair refused", str(exc))
             continue
-        wheels.audit(session, results, fixed, package, f"{variant}: manylinux")
+        wheels.audit(session, results, fixed, package, f"{variant}: manylinux", tag)
     index = wheels.write_index(dest)
     session.log(f"{variant} index {index}: " + ", ".join(sorted(p.name for p in dest.glob("*.whl"))))
 
@@ -165,3 +199,123 @@ def _source_cuda(session: Any, m: Matrix, results: Results, packages: list[str],
     )
     for package in built:
         steps.check_load(session, results, package, "cuda", "source: CUDA load")
+
+
+def target_site(session: Any, m: Matrix, plat: Platform) -> Path:
+    """A folder (for PYTHONPATH) with PyPI's torch of ``plat.torch`` for
+    ``plat`` and its dependencies (for aarch64: the CUDA 13 libraries that
+    torch's aarch64 wheel links, about 4 GB), and the test requirements,
+    installed once into the cache."""
+    version = m.torches[plat.torch].version
+    python = plat.test["python"]
+    site = steps.CACHE / f"site-{plat.name}-cp{python.replace('.', '')}-torch-{version}"
+    done = site / ".complete"
+    if done.is_file():
+        return site
+    shutil.rmtree(site, ignore_errors=True)
+    session.install("pip")
+    start = time.perf_counter()
+    session.run(
+        "python",
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--target",
+        str(site),
+        "--only-binary=:all:",
+        *steps.pip_platforms(plat.wheel_tag),
+        "--python-version",
+        python,
+        "--implementation",
+        "cp",
+        f"torch=={version}",
+        *steps.TEST_REQS,
+    )
+    size = sum(p.stat().st_size for p in site.rglob("*") if p.is_file()) / 2**30
+    took = time.perf_counter() - start
+    session.log(f"torch {version} for {plat.name} and the test requirements in {site}: {size:.1f} GiB in {took:.0f} s")
+    done.write_text(f"torch=={version}\n")
+    return site
+
+
+# Tests that cannot run emulated here: torch.compile's CPU code generation
+# (Inductor) compiles C++ for the interpreter's CPU at run time, which needs an
+# aarch64 compiler inside the emulated system (and its Python headers).
+EMULATED_DESELECT = "compile"
+
+
+def emulated_tests(session: Any, m: Matrix, plat: Platform, packages: list[str], pytest_args: list[str]) -> None:
+    """The platform's wheels, cross-compiled here, and its torch from PyPI, in
+    an emulated CPython of that CPU: every op package's test suite (less
+    what :data:`EMULATED_DESELECT` names). Skipped, with the reason, where
+    the emulator, the cross compiler or the packages cannot be had."""
+    from . import emulated
+
+    results = Results(session, "emulated", row=plat.name, label=f"{plat.name} wheels under {plat.test.get('emulator')}")
+    reason = emulated.emulator_missing(plat.test) or steps.cross_compiler_missing(plat)
+    if reason:
+        for package in packages:
+            results.add(package, f"{plat.name}: tests", "skip", "cannot run here", reason)
+        results.finish()
+        session.skip(reason)
+    steps.install_env(session, m, m.cpu_wheel_torch)
+    work = steps.tmp(session, f"built-cpu-{plat.name}")
+    built = build_cross(session, m, plat, "cpu", packages, results, work, f"{plat.name}: build")
+    try:
+        python = emulated.sysroot(plat.test, steps.CACHE, os.cpu_count() or 1, session.log)
+    except emulated.EmulationUnavailable as exc:
+        for package in built:
+            results.add(package, f"{plat.name}: tests", "skip", "no emulated Python", str(exc))
+        results.finish()
+        session.skip(str(exc))
+    site = target_site(session, m, plat)
+    ops = steps.tmp(session, f"site-ops-{plat.name}")
+    session.run(
+        "python",
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--no-deps",
+        "--target",
+        str(ops),
+        *steps.pip_platforms(plat.wheel_tag),
+        "--python-version",
+        plat.test["python"],
+        "--only-binary=:all:",
+        *map(str, sorted(work.glob("*.whl"))),
+    )
+    env = {"PYTHONPATH": f"{ops}{os.pathsep}{site}"}
+    for package in built:
+        check = f"{plat.name}: tests"
+        junit = steps.tmp(session, f"junit/emulated-{package}") / "junit.xml"
+        start = time.perf_counter()
+        ok = True
+        with session.chdir(steps.tmp(session, "run")):
+            try:
+                session.run(
+                    str(python),
+                    "-m",
+                    "pytest",
+                    "-q",
+                    "-ra",
+                    "-p",
+                    "no:cacheprovider",
+                    f"--junitxml={junit}",
+                    "-k",
+                    f"not {EMULATED_DESELECT}",
+                    str(steps.PACKAGES / package / "tests"),
+                    *pytest_args,
+                    env=env,
+                    external=True,
+                )
+            except steps.CommandFailed:
+                ok = False
+        counts = steps.junit_counts(junit)
+        text = f"{counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped"
+        if ok and counts["passed"] == 0:
+            ok, text = False, "no test passed: " + text
+        took = time.perf_counter() - start
+        results.add(package, check, "pass" if ok else "fail", f"{text} in {took:.0f} s", counts=counts)
+    results.finish()

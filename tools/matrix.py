@@ -61,6 +61,26 @@ class Toolkit:
 
 
 @dataclass(frozen=True)
+class Platform:
+    """One CPU architecture of the wheels (``[[platform]]``)."""
+
+    name: str  # "x86_64", "aarch64": the ELF machine and wheel suffix
+    wheel_tag: str  # "manylinux_2_28_aarch64"
+    native: bool  # built and run on the machine of the sessions
+    glibc_base: str  # the first glibc symbol version of this CPU
+    variants: tuple[str, ...]  # wheel variants built for it
+    cross_prefix: str = ""  # "aarch64-linux-gnu-": the cross gcc/g++
+    compiler_package: str = ""  # what installs that compiler (Debian/Ubuntu)
+    torch: str | None = None  # series whose wheel for this platform gives headers and libraries
+    test: Mapping[str, Any] = field(default_factory=dict)  # how its wheels run here (``[platform.test]``)
+
+    @property
+    def plat_name(self) -> str:
+        """bdist_wheel's platform before auditwheel: ``linux_aarch64``."""
+        return f"linux_{self.name}"
+
+
+@dataclass(frozen=True)
 class Matrix:
     pythons: tuple[str, ...]
     default_python: str
@@ -73,6 +93,11 @@ class Matrix:
     lane_torch: str
     lane_toolkit: str
     cpu_wheel_torch: str
+    platforms: Mapping[str, Platform] = field(default_factory=dict)
+
+    @property
+    def native_platform(self) -> Platform:
+        return next(p for p in self.platforms.values() if p.native)
 
     @property
     def torch_ceiling(self) -> str:
@@ -121,6 +146,34 @@ def parse(data: Mapping[str, Any]) -> Matrix:
             extra={k: v for k, v in tk.items() if k not in known},
         )
     lanes = data["lanes"]
+    all_variants = ["cpu"] + [tk.variant for tk in toolkits.values()]
+    platforms = {}
+    for entry in data.get("platform", [{"name": "x86_64", "wheel_tag": "manylinux_2_28_x86_64", "native": True}]):
+        name = entry["name"]
+        native = bool(entry.get("native", False))
+        variants = tuple(entry.get("variants", all_variants))
+        unknown = [v for v in variants if v not in all_variants]
+        if unknown:
+            raise ValueError(f"matrix.toml: platform {name} names unknown variants {unknown}")
+        if not native and (not entry.get("cross_prefix") or entry.get("torch") not in torches):
+            raise ValueError(
+                f"matrix.toml: platform {name} is not native: it needs `cross_prefix` and a listed `torch`"
+            )
+        if not entry["wheel_tag"].endswith("_" + name):
+            raise ValueError(f"matrix.toml: platform {name}'s wheel_tag {entry['wheel_tag']!r} is for another CPU")
+        platforms[name] = Platform(
+            name=name,
+            wheel_tag=entry["wheel_tag"],
+            native=native,
+            glibc_base=entry.get("glibc_base", ""),
+            variants=variants,
+            cross_prefix=entry.get("cross_prefix", ""),
+            compiler_package=entry.get("compiler_package", ""),
+            torch=entry.get("torch"),
+            test=entry.get("test", {}),
+        )
+    if sum(p.native for p in platforms.values()) != 1:
+        raise ValueError("matrix.toml: exactly one [[platform]] must be native")
     m = Matrix(
         pythons=tuple(data["python"]["versions"]),
         default_python=data["python"]["default"],
@@ -133,6 +186,7 @@ def parse(data: Mapping[str, Any]) -> Matrix:
         lane_torch=lanes["torch"],
         lane_toolkit=lanes["cuda_toolkit"],
         cpu_wheel_torch=lanes["cpu_wheel_torch"],
+        platforms=platforms,
     )
     for name, series in (("torch", m.lane_torch), ("cpu_wheel_torch", m.cpu_wheel_torch)):
         if series not in torches:

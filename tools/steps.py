@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from . import ROOT, toolkits
-from .matrix import Matrix, Toolkit
+from .matrix import Matrix, Platform, Toolkit
 from .packages import COMMON, PACKAGES, import_name, op_packages
 from .results import Results
 
@@ -439,6 +439,90 @@ def torch_headers(session: Any, version: str) -> Path:
     (dest / "WHEEL").write_text(wheel.name + "\n")
     session.log(f"torch headers of {wheel.name} in {dest}")
     return dest
+
+
+def pip_platforms(tag: str) -> list[str]:
+    """``--platform`` options of ``pip download`` that accept every wheel
+    installable on ``tag`` ("manylinux_2_28_aarch64": manylinux 2.17 to 2.28,
+    manylinux2014, linux; pip matches the names given, no older ones)."""
+    m = re.fullmatch(r"manylinux_2_(\d+)_(\w+)", tag)
+    if not m:
+        return ["--platform", tag]
+    top, machine = int(m.group(1)), m.group(2)
+    names = [f"manylinux_2_{minor}_{machine}" for minor in range(top, 16, -1)]
+    names += [f"manylinux2014_{machine}", f"linux_{machine}"]
+    return [arg for name in names for arg in ("--platform", name)]
+
+
+def target_torch(session: Any, version: str, tag: str, python: str) -> Path:
+    """The ``torch`` folder of PyPI's torch wheel ``version`` for platform
+    ``tag`` (CPython ``python``), unpacked once into the cache with what a
+    build needs: headers, ``version.py`` and the libraries an extension links
+    (libc10, libtorch, libtorch_cpu; libc10_cuda, libtorch_cuda for CUDA)."""
+    dest = CACHE / f"torch-{version}-{tag}"
+    root = dest / "torch"
+    if (root / "lib" / "libtorch_cpu.so").is_file() and (root / "include" / "torch" / "csrc" / "stable").is_dir():
+        return root
+    session.install("pip")
+    download = tmp(session, "torch-target-wheel")
+    start = time.perf_counter()
+    session.run(
+        "python",
+        "-m",
+        "pip",
+        "download",
+        "--quiet",
+        "--no-deps",
+        "--only-binary=:all:",
+        *pip_platforms(tag),
+        "--python-version",
+        python,
+        "-d",
+        str(download),
+        f"torch=={version}",
+    )
+    (wheel,) = download.glob("torch-*.whl")
+    libs = {
+        f"torch/lib/{n}" for n in ("libc10.so", "libtorch.so", "libtorch_cpu.so", "libc10_cuda.so", "libtorch_cuda.so")
+    }
+    staging = tmp(session, "torch-target")
+    with zipfile.ZipFile(wheel) as zf:
+        members = [n for n in zf.namelist() if n.startswith("torch/include/") or n in libs or n == "torch/version.py"]
+        zf.extractall(staging, members)
+    size = wheel.stat().st_size
+    shutil.rmtree(download)
+    CACHE.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(dest, ignore_errors=True)
+    shutil.move(staging, dest)
+    (dest / "WHEEL").write_text(wheel.name + "\n")
+    session.log(
+        f"{wheel.name} ({size / 2**20:.0f} MiB) in {time.perf_counter() - start:.0f} s: headers and libraries in {root}"
+    )
+    return root
+
+
+def cross_build_env(plat: Platform, torch_root: Path) -> dict[str, str]:
+    """Environment of a build for ``plat`` on this machine (opscommon.build's
+    cross-compilation: its compiler, the target torch, the wheel platform)."""
+    cc, cxx = f"{plat.cross_prefix}gcc", f"{plat.cross_prefix}g++"
+    return {
+        "OPS_CROSS_TORCH": str(torch_root),
+        "OPS_CROSS_PLAT": plat.plat_name,
+        "CC": cc,
+        "CXX": cxx,
+        # setuptools links with these (the build machine's Python's would say gcc)
+        "LDSHARED": f"{cxx} -shared",
+        "LDCXXSHARED": f"{cxx} -shared",
+    }
+
+
+def cross_compiler_missing(plat: Platform) -> str | None:
+    """Why ``plat``'s cross compiler cannot be used here, or None."""
+    cxx = f"{plat.cross_prefix}g++"
+    if shutil.which(cxx) is None:
+        how = f" (Debian/Ubuntu: apt-get install {plat.compiler_package})" if plat.compiler_package else ""
+        return f"{cxx} is not installed{how}"
+    return None
 
 
 def cuda_compile_check(session: Any, results: Results, m: Matrix, packages: list[str], tk: Toolkit) -> None:

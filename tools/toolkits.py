@@ -185,10 +185,10 @@ def sources_line(src: DebianSource, archive: str) -> str:
     )
 
 
-def apt_options(state: Path, archive: str = "") -> list[str]:
+def apt_options(state: Path, archive: str = "", arch: str = "amd64") -> list[str]:
     """``-o`` options that give apt a private configuration under ``state``:
     its own source list, index lists, package cache and (empty) dpkg status,
-    none of the machine's."""
+    none of the machine's; packages of Debian architecture ``arch``."""
     opts = {
         "Dir::Etc::sourcelist": str(state / "sources.list"),
         "Dir::Etc::sourceparts": "-",
@@ -199,8 +199,8 @@ def apt_options(state: Path, archive: str = "") -> list[str]:
         "Dir::Cache": str(state / "cache"),
         "Dir::Cache::pkgcache": "",
         "Dir::Cache::srcpkgcache": "",
-        "APT::Architecture": "amd64",
-        "APT::Architectures": "amd64",
+        "APT::Architecture": arch,
+        "APT::Architectures": arch,
         "Acquire::Languages": "none",
         "Acquire::Retries": "2",
         "Acquire::http::Timeout": "30",

@@ -57,6 +57,10 @@ def test_toolkit_arch_list_defaults_to_the_global_one():
         (lambda d: d["lanes"].update(cuda_toolkit="1.0"), "lanes.cuda_toolkit"),
         (lambda d: d["cuda"]["toolkit"][0].update(torch="9.9"), "names torch 9.9"),
         (lambda d: d["cuda"]["toolkit"][0].update(source="ftp"), "unknown source"),
+        (lambda d: d["platform"][1].update(variants=["cu999"]), "unknown variants"),
+        (lambda d: d["platform"][1].update(torch="9.9"), "needs `cross_prefix` and a listed `torch`"),
+        (lambda d: d["platform"][1].update(wheel_tag="manylinux_2_28_x86_64"), "for another CPU"),
+        (lambda d: d["platform"][1].update(native=True), "exactly one"),
     ],
 )
 def test_inconsistent_matrix_is_refused(mutate, message):
@@ -64,3 +68,15 @@ def test_inconsistent_matrix_is_refused(mutate, message):
     mutate(data)
     with pytest.raises(ValueError, match=message):
         matrix.parse(data)
+
+
+def test_platforms_one_native_and_aarch64_cross_built():
+    m = matrix.load()
+    assert m.native_platform.name == "x86_64"
+    assert m.native_platform.variants == tuple(m.variants)
+    arm = m.platforms["aarch64"]
+    assert not arm.native and arm.wheel_tag == "manylinux_2_28_aarch64" and arm.plat_name == "linux_aarch64"
+    assert set(arm.variants) <= set(m.variants) and "cpu" in arm.variants
+    assert arm.torch in m.torches and arm.cross_prefix == "aarch64-linux-gnu-"
+    # every wheel, on every CPU, keeps to torch's own manylinux_2_28 floor
+    assert all(p.wheel_tag.startswith("manylinux_2_28_") for p in m.platforms.values())

@@ -60,3 +60,25 @@ def test_junit_counts(tmp_path):
     )
     assert steps.junit_counts(tmp_path / "j.xml") == {"passed": 1, "failed": 2, "skipped": 2}
     assert steps.junit_counts(tmp_path / "missing.xml") == {"passed": 0, "failed": 0, "skipped": 0}
+
+
+def test_pip_platforms_accept_every_older_manylinux():
+    args = steps.pip_platforms("manylinux_2_28_aarch64")
+    names = args[1::2]
+    assert set(args[0::2]) == {"--platform"}
+    # NVIDIA's aarch64 wheels are tagged manylinux_2_27 / 2_17 / 2014: all accepted
+    for tag in ("manylinux_2_28_aarch64", "manylinux_2_27_aarch64", "manylinux_2_17_aarch64", "manylinux2014_aarch64"):
+        assert tag in names
+    assert not any(n.endswith("x86_64") or "2_29" in n for n in names)
+    assert steps.pip_platforms("win_amd64") == ["--platform", "win_amd64"]
+
+
+def test_cross_build_env_names_compiler_target_torch_and_platform(tmp_path):
+    from tools import matrix
+
+    arm = matrix.load().platforms["aarch64"]
+    env = steps.cross_build_env(arm, tmp_path)
+    assert env["OPS_CROSS_TORCH"] == str(tmp_path) and env["OPS_CROSS_PLAT"] == "linux_aarch64"
+    assert env["CXX"] == "aarch64-linux-gnu-g++" and env["LDSHARED"].startswith("aarch64-linux-gnu-g++ ")
+    missing = steps.cross_compiler_missing(matrix.Platform("x", "manylinux_2_28_x", False, "", ("cpu",), "nosuch-"))
+    assert missing and "nosuch-g++ is not installed" in missing

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import zipfile
+from pathlib import Path
 
 import pytest
 
@@ -29,11 +30,18 @@ needs_gxx = pytest.mark.skipif(
 )
 
 
-def _build(tmp_path, flags):
+CROSS_GXX = "aarch64-linux-gnu-g++"
+needs_cross = pytest.mark.skipif(
+    shutil.which(CROSS_GXX) is None or shutil.which("objdump") is None,
+    reason=f"needs {CROSS_GXX} (apt-get install g++-aarch64-linux-gnu) and objdump",
+)
+
+
+def _build(tmp_path, flags, gxx="g++"):
     (tmp_path / "t.cpp").write_text(SOURCE)
     out = tmp_path / f"t{len(flags)}.so"
     subprocess.run(
-        ["g++", "-O2", "-shared", "-fPIC", "-std=c++17", *flags, str(tmp_path / "t.cpp"), "-o", str(out)], check=True
+        [gxx, "-O2", "-shared", "-fPIC", "-std=c++17", *flags, str(tmp_path / "t.cpp"), "-o", str(out)], check=True
     )
     return out
 
@@ -55,6 +63,36 @@ def test_floor_check_reads_what_a_plain_build_needs(tmp_path):
     assert elf.exceeds(so, {"GLIBC": ".".join(map(str, glibc))}) == []
 
 
+@needs_cross
+def test_compat_headers_keep_an_aarch64_binary_at_its_first_glibc(tmp_path):
+    compat = ["-isystem", str(COMPAT), "-include", str(COMPAT / "opscommon_glibc_compat.h")]
+    so = _build(tmp_path, compat, CROSS_GXX)
+    assert elf.machine(so) == "aarch64"
+    # every glibc symbol at aarch64's first version (Debian 12's cross glibc is 2.36)
+    assert elf.required_versions(so)["GLIBC"] == ["2.17"]
+    (tmp_path / "plain").mkdir()
+    plain = _build(tmp_path / "plain", [], CROSS_GXX)
+    assert elf.exceeds(plain, elf.MANYLINUX_2_28), "a plain build should need a newer glibc (exp, dlsym)"
+
+
+def test_elf_machine_reads_the_header(tmp_path):
+    import platform
+    import sys
+
+    assert elf.machine(Path(sys.executable).resolve()) == platform.machine()
+    fake = tmp_path / "x.so"
+    fake.write_bytes(b"\x7fELF\x02\x01\x01" + bytes(11) + (183).to_bytes(2, "little") + bytes(40))
+    assert elf.machine(fake) == "aarch64"
+    (tmp_path / "t.txt").write_text("no elf")
+    with pytest.raises(ValueError, match="not an ELF"):
+        elf.machine(tmp_path / "t.txt")
+
+
+def test_machine_of_a_platform_tag():
+    assert wheels.machine_of("manylinux_2_28_aarch64") == "aarch64"
+    assert wheels.machine_of("manylinux_2_28_x86_64") == "x86_64"
+
+
 def test_index_is_pep_503(tmp_path):
     for name in (
         "lltm_op-0.1.0+cu130-cp310-abi3-manylinux_2_28_x86_64.whl",
@@ -67,3 +105,22 @@ def test_index_is_pep_503(tmp_path):
     page = (simple / "lltm-op" / "index.html").read_text()
     assert 'href="../../lltm_op-0.1.0+cu130-cp310-abi3-manylinux_2_28_x86_64.whl#sha256=' in page
     assert wheels.project_of(tmp_path / "round_op-0.1.0-x.whl") == "round-op"
+
+
+def _abi_report(**torch):
+    base = {"uses_torch": True, "stable": True, "unstable_symbols": [], "min_torch_version": "2.10.0"}
+    lib = {"path": "/x/lltm_op/_C.abi3.so", "torch": {**base, **torch}, "error": None}
+    return {"name": "_C.abi3.so", "extensions": [], "bundled_libs": [lib], "error": None}
+
+
+def test_torch_abi_audit_report_must_match_the_floor():
+    # the shape of torch-abi-audit 0.3.0's --json report of a real binary
+    assert wheels.torch_abi(_abi_report(), "2.10") == ([], "_C.abi3.so: stable ABI, torch >= 2.10.0")
+    problems, _ = wheels.torch_abi(_abi_report(min_torch_version="2.11.0"), "2.10")
+    assert problems == ["_C.abi3.so needs torch >= 2.11.0, the declared floor is 2.10"]
+    problems, _ = wheels.torch_abi(_abi_report(min_torch_version="2.9.0"), "2.10")
+    assert problems  # older than the floor: the target macro did not take
+    problems, _ = wheels.torch_abi(_abi_report(stable=False, unstable_symbols=["_ZN3c106detail"]), "2.10")
+    assert "outside the stable ABI" in problems[0]
+    problems, _ = wheels.torch_abi({"bundled_libs": [], "extensions": [], "error": None}, "2.10")
+    assert "could not read" in problems[0]

@@ -283,3 +283,66 @@ def test_vendor_into_copies_helper_and_headers(tmp_path):
 def test_default_arch_list_runs_on_t4_to_blackwell():
     entries = build.validate_arch_list(build.DEFAULT_CUDA_ARCH_LIST)
     assert entries[0] == "7.5" and "12.0+PTX" in entries
+
+
+def _fake_target_torch(root, version="2.13.0"):
+    for sub in ("include/torch/csrc/stable", "lib"):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+    for lib in ("libtorch_cpu.so", "libc10.so"):
+        (root / "lib" / lib).write_bytes(b"")
+    (root / "version.py").write_text(f"__version__ = '{version}'\n")
+    return root
+
+
+def test_no_cross_target_by_default():
+    assert build.cross_target({}) is None
+
+
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        ({"OPS_CROSS_PLAT": "linux_aarch64"}, "needs both"),
+        ({"OPS_CROSS_TORCH": "{root}", "OPS_CROSS_PLAT": "linux_riscv"}, "is not one of"),
+        ({"OPS_CROSS_TORCH": "{root}/nothing", "OPS_CROSS_PLAT": "linux_aarch64"}, "has no include"),
+        ({"OPS_CROSS_TORCH": "{root}", "OPS_CROSS_PLAT": "linux_aarch64"}, "needs CXX set"),
+        ({"OPS_CROSS_TORCH": "{root}", "OPS_CROSS_PLAT": "linux_aarch64", "CXX": "no-such-g++"}, "does not run"),
+    ],
+)
+def test_cross_target_refuses_what_cannot_build(tmp_path, env, message):
+    root = _fake_target_torch(tmp_path / "torch")
+    env = {k: v.format(root=root) for k, v in env.items()}
+    with pytest.raises(BuildConfigError, match=message):
+        build.cross_target(env)
+
+
+def test_cross_target_refuses_a_compiler_for_another_cpu(tmp_path):
+    # the machine's own compiler cannot make an aarch64 wheel (or, on aarch64, an x86_64 one)
+    import platform
+    import shutil
+
+    if shutil.which("g++") is None:
+        pytest.skip("needs g++")
+    other = "linux_aarch64" if platform.machine() != "aarch64" else "linux_x86_64"
+    root = _fake_target_torch(tmp_path / "torch")
+    with pytest.raises(BuildConfigError, match=f"not for {other}"):
+        build.cross_target({"OPS_CROSS_TORCH": str(root), "OPS_CROSS_PLAT": other, "CXX": "g++"})
+
+
+def test_cross_target_retargets_torch_paths(tmp_path):
+    import shutil
+
+    if shutil.which("aarch64-linux-gnu-g++") is None:
+        pytest.skip("needs aarch64-linux-gnu-g++ (apt-get install g++-aarch64-linux-gnu)")
+    from torch.utils.cpp_extension import CppExtension, include_paths, library_paths
+
+    root = _fake_target_torch(tmp_path / "torch", "2.13.0+cu130")
+    env = {"OPS_CROSS_TORCH": str(root), "OPS_CROSS_PLAT": "linux_aarch64", "CXX": "aarch64-linux-gnu-g++"}
+    cross = build.cross_target(env)
+    assert cross.machine == "aarch64" and cross.torch_version == "2.13.0+cu130"
+    ext = CppExtension("x._C", ["x.cpp"], include_dirs=["mine"], py_limited_api=True)
+    build.retarget(ext, cross)
+    assert ext.include_dirs[0] == "mine" and str(root / "include") in ext.include_dirs
+    assert not set(include_paths()) & set(ext.include_dirs)
+    assert ext.library_dirs[0] == str(root / "lib") and not set(library_paths()) & set(ext.library_dirs)
+    info = build.build_info("x", "0.1.0", choose_variant("0", None, None, None), cross=cross)
+    assert info["torch_built_with"] == "2.13.0"

@@ -17,7 +17,14 @@ Portability: every C++ file is compiled so that the binary needs no glibc
 symbol newer than 2.28 (the manylinux_2_28 floor): see
 ``include/opscommon/glibc_compat``. A CUDA build's version carries the
 toolkit as a local label (``0.1.0+cu130``), so CPU and CUDA wheels never share
-a file name. An op's sdist carries this helper and the headers
+a file name.
+
+Cross-compilation (a wheel for another CPU, e.g. aarch64 built on x86_64):
+``OPS_CROSS_TORCH`` names the ``torch`` folder of the target platform's torch
+wheel (its ``include/`` and ``lib/``), ``OPS_CROSS_PLAT`` the wheel platform
+(``linux_aarch64``), and ``CXX`` (with ``CC``, ``LDSHARED``, ``LDCXXSHARED``)
+a compiler for that CPU; see :func:`cross_target`. The installed torch only
+runs the build machinery. An op's sdist carries this helper and the headers
 (:func:`setup_kwargs` adds them), so it builds with nothing but public
 packages.
 """
@@ -292,6 +299,86 @@ def ensure_arch_list(env: dict | None = None) -> str:
     return value
 
 
+CROSS_TORCH_ENV = "OPS_CROSS_TORCH"
+CROSS_PLAT_ENV = "OPS_CROSS_PLAT"
+# Wheel platform (``linux_<machine>``) -> what ``$CXX -dumpmachine`` starts with.
+_CROSS_MACHINES = {"linux_aarch64": "aarch64", "linux_x86_64": "x86_64"}
+
+
+@dataclass(frozen=True)
+class CrossTarget:
+    """A build for another CPU: the target torch's folder, wheel platform and compiler."""
+
+    torch_root: Path  # the ``torch`` package folder of the target platform's wheel
+    plat_name: str  # bdist_wheel platform, e.g. ``linux_aarch64``
+    compiler: str  # ``$CXX``
+    torch_version: str  # ``torch/version.py``'s __version__ of the target wheel
+
+    @property
+    def machine(self) -> str:
+        return _CROSS_MACHINES[self.plat_name]
+
+    @property
+    def include_dirs(self) -> list[str]:
+        inc = self.torch_root / "include"
+        return [str(inc), str(inc / "torch" / "csrc" / "api" / "include")]
+
+    @property
+    def library_dirs(self) -> list[str]:
+        return [str(self.torch_root / "lib")]
+
+
+def _compiler_machine(compiler: str) -> str:
+    """``$CXX -dumpmachine`` (``aarch64-linux-gnu``), or a BuildConfigError."""
+    try:
+        out = subprocess.run([*compiler.split(), "-dumpmachine"], capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError) as e:
+        raise BuildConfigError(f"CXX={compiler!r} does not run ({e}): install the cross compiler") from None
+    return out.stdout.strip()
+
+
+def cross_target(env: Mapping[str, str] | None = None) -> CrossTarget | None:
+    """The cross-compilation target of ``OPS_CROSS_TORCH`` / ``OPS_CROSS_PLAT``
+    (None when neither is set), checked: the target torch's headers and
+    libraries are there and ``$CXX`` compiles for that CPU. A build never
+    writes a binary for one CPU into a wheel tagged for another."""
+    env = os.environ if env is None else env
+    root, plat = env.get(CROSS_TORCH_ENV), env.get(CROSS_PLAT_ENV)
+    if not root and not plat:
+        return None
+    if not root or not plat:
+        raise BuildConfigError(f"cross-compiling needs both {CROSS_TORCH_ENV} and {CROSS_PLAT_ENV} (one is unset)")
+    if plat not in _CROSS_MACHINES:
+        raise BuildConfigError(f"{CROSS_PLAT_ENV}={plat!r} is not one of {', '.join(sorted(_CROSS_MACHINES))}")
+    torch_root = Path(root)
+    for need in ("include/torch/csrc/stable", "lib/libtorch_cpu.so", "lib/libc10.so", "version.py"):
+        if not (torch_root / need).exists():
+            raise BuildConfigError(
+                f"{CROSS_TORCH_ENV}={root!r} has no {need}: point it at the `torch` folder of the "
+                f"unpacked {plat} torch wheel"
+            )
+    compiler = env.get("CXX", "")
+    if not compiler:
+        raise BuildConfigError(
+            f"cross-compiling for {plat} needs CXX set to a compiler for it (e.g. aarch64-linux-gnu-g++)"
+        )
+    machine = _compiler_machine(compiler)
+    if not machine.startswith(_CROSS_MACHINES[plat] + "-"):
+        raise BuildConfigError(f"CXX={compiler!r} compiles for {machine}, not for {plat}")
+    m = re.search(r"^__version__ = '([^']+)'", (torch_root / "version.py").read_text(), re.M)
+    return CrossTarget(torch_root, plat, compiler, m.group(1) if m else "unknown")
+
+
+def retarget(ext, cross: CrossTarget) -> None:
+    """Point an extension's torch include and library folders (those of the
+    torch that runs the build) at the target platform's torch."""
+    from torch.utils.cpp_extension import include_paths, library_paths
+
+    host_inc, host_lib = set(include_paths()), set(library_paths())
+    ext.include_dirs = [d for d in ext.include_dirs if d not in host_inc] + cross.include_dirs
+    ext.library_dirs = cross.library_dirs + [d for d in ext.library_dirs if d not in host_lib]
+
+
 def glibc_compat_dir() -> str:
     """Folder of the glibc 2.28 compatibility headers (see its files)."""
     return os.path.join(get_include(), "opscommon", "glibc_compat")
@@ -353,19 +440,29 @@ def extension(package: str, root: str | os.PathLike, variant: Variant | None = N
     )
     if variant.cuda:
         ensure_arch_list()
-        return CUDAExtension(sources=sources + _sources(root, ["csrc/**/*.cu"]), **kwargs)
-    return CppExtension(sources=sources, **kwargs)
+        ext = CUDAExtension(sources=sources + _sources(root, ["csrc/**/*.cu"]), **kwargs)
+    else:
+        ext = CppExtension(sources=sources, **kwargs)
+    cross = cross_target()
+    if cross is not None:
+        _log(
+            f"{package}: cross-compiling for {cross.plat_name} with {cross.compiler}, "
+            f"against torch {cross.torch_version} at {cross.torch_root}"
+        )
+        retarget(ext, cross)
+    return ext
 
 
-def build_info(package: str, version: str, variant: Variant, label: str = "") -> dict:
+def build_info(package: str, version: str, variant: Variant, label: str = "", cross: CrossTarget | None = None) -> dict:
     """What the runtime loader checks at import: torch range and CUDA major."""
     import torch
 
+    built_with = cross.torch_version if cross is not None else torch.__version__
     return {
         "package": package,
         "version": version + (f"+{label}" if label else ""),
         "variant": label or "cpu",
-        "torch_built_with": torch.__version__.split("+")[0],
+        "torch_built_with": built_with.split("+")[0],
         "torch_min": ".".join(map(str, TORCH_TARGET_VERSION)),
         "cuda": variant.cuda_version if variant.cuda else None,
         # The toolkit that compiled it (the version label's cu124), which may
@@ -430,7 +527,8 @@ def setup_kwargs(package: str, version: str, root: str | os.PathLike) -> dict:
 
     variant = detect_variant()
     label = variant_label(variant, variant.nvcc_version)
-    info = build_info(package, version, variant, label)
+    cross = cross_target()
+    info = build_info(package, version, variant, label, cross)
 
     class BuildOpExtension(BuildExtension.with_options(use_ninja=True)):
         def run(self) -> None:
@@ -444,6 +542,8 @@ def setup_kwargs(package: str, version: str, root: str | os.PathLike) -> dict:
             _log(f"{package}: wrote {dest}")
 
     options: dict = {"bdist_wheel": {"py_limited_api": LIMITED_API_TAG}}
+    if cross is not None:  # the wheel is tagged for the CPU its binary is for
+        options["bdist_wheel"]["plat_name"] = cross.plat_name
     if label:
         # 0.1.0+cu130: the version itself says which variant a wheel is.
         options["egg_info"] = {"tag_build": f"+{label}"}
