@@ -1,5 +1,5 @@
-"""The LLTM over whole sequences: ``lltm_sequence`` (the module built on
-module, on the fused multi-step ops ``lltm_op::sequence_forward`` and
+"""The LLTM over whole sequences: ``lltm_sequence`` (what the ``LLTMSequence``
+module of rnn.py runs for each layer and direction), on the fused multi-step ops ``lltm_op::sequence_forward`` and
 ``lltm_op::sequence_backward``.
 
 What runs (T steps, B batch rows, F input features, S state size):
