@@ -21,6 +21,12 @@ own: fused (LLTM_OP_SEQUENCE_FUSED=1: the persistent kernels), a fused kernel
 launched per step (and LLTM_OP_SEQUENCE_PERSISTENT=0) and cuBLAS
 (LLTM_OP_SEQUENCE_FUSED=0).
 
+Then the module rows: ``LLTMSequence`` against ``nn.LSTM`` with the same
+arguments, forward+backward (gradients of the output and final states with
+respect to the input and every parameter): two layers, bidirectional; and
+one layer on a ``PackedSequence`` of variable lengths (uniform in [T/4, T],
+the same packed batch for both).
+
 --quick: tiny sizes on the CPU, a smoke run.
 """
 
@@ -129,6 +135,51 @@ def make_inputs(T, B, F, S, dtype, device, seed=0):
     return args, [g.to(device=device, dtype=dtype) for g in grads]
 
 
+MODULE_SIZES = [((64, 32, 256, 256), torch.bfloat16), ((64, 32, 256, 256), torch.float32)]
+QUICK_MODULE_SIZES = [((6, 4, 8, 16), torch.float32)]
+
+
+def module_rows(device: str, sizes, repeat: int) -> list[str]:
+    """LLTMSequence against nn.LSTM: 2 layers bidirectional, and packed
+    variable lengths; returns Markdown table lines."""
+    from torch.nn.utils.rnn import pack_padded_sequence
+
+    lines = ["| module case | T, B, F, S, dtype | LLTMSequence | nn.LSTM | ratio |", "|---|---|---|---|---|"]
+    for (T, B, F, S), dtype in sizes:
+        dname = str(dtype).replace("torch.", "")
+        gen = torch.Generator().manual_seed(0)
+        x = torch.randn(T, B, F, generator=gen).to(device, dtype)
+        lengths = torch.randint(max(1, T // 4), T + 1, (B,), generator=gen)
+        cases = {
+            "2 layers, bidirectional": (dict(num_layers=2, bidirectional=True), lambda: x),
+            "packed, lengths U[T/4, T]": (
+                {},
+                lambda: pack_padded_sequence(x, lengths, enforce_sorted=False),
+            ),
+        }
+        for case, (kw, make) in cases.items():
+            ours = lltm_op.LLTMSequence(F, S, **kw).to(device, dtype)
+            lstm = torch.nn.LSTM(F, S, **kw).to(device, dtype)
+            lstm.flatten_parameters()
+
+            def run(m, make=make):
+                out, (h, c) = m(make())
+                data = out.data if hasattr(out, "batch_sizes") else out
+                params = list(m.parameters())
+                torch.autograd.grad((data.float().square().sum() + h.float().sum() + c.float().sum()), params)
+
+            times = interleaved_wall_times_us(
+                {"ours": lambda m=ours: run(m), "lstm": lambda m=lstm: run(m)}, warmup=3, repeat=repeat
+            )
+            ratio = times["ours"] / times["lstm"]
+            lines.append(
+                f"| {case} | T{T} B{B} F{F} S{S} {dname} | {times['ours'] / 1e3:.3f} ms | "
+                f"{times['lstm'] / 1e3:.3f} ms | {ratio:.2f}x |"
+            )
+            print(lines[-1], flush=True)
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=None, help="folder for lltm_sequence.md / .json")
@@ -235,6 +286,8 @@ def main() -> None:
                 f"peak memory vs {CELLS}: {mem[OURS]:.1f} / {mem[CELLS]:.1f} MiB = {mem[OURS] / mem[CELLS]:.2f}x"
             )
         lines.append(f"- {r['size']}: " + "; ".join(parts))
+    lines += ["", "modules (LLTMSequence against nn.LSTM, forward+backward, same run):", ""]
+    lines += module_rows(device, QUICK_MODULE_SIZES if device == "cpu" else MODULE_SIZES, max(3, repeat // 4))
     table = "\n".join(lines)
     print()
     print(table)
