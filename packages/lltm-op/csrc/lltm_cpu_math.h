@@ -14,7 +14,8 @@
 #include <cstdint>
 #include <cstring>
 
-#include "lltm.h"  // LLTM_HD: always inlined
+#include "lltm.h"                // LLTM_HD: always inlined
+#include "opscommon/dispatch.h"  // BFloat16, Half, acc_t
 
 namespace lltm_op {
 namespace cpu_math {
@@ -98,6 +99,66 @@ LLTM_HD float tanh(float x) {
   const float big = 1.0f - 2.0f / (exp(2.0f * ax) + 1.0f);
   const float signed_big = __builtin_copysignf(big, x);  // NaN: big is NaN
   return select(ax < 0.625f, small, signed_big);
+}
+
+// -- storage <-> float ---------------------------------------------------------
+//
+// Branch-free conversions for the CPU row loops. c10's float -> bfloat16
+// rounding tests for NaN with a branch, and its float16 conversions (software
+// ones: this code is built without -mf16c) select with branches; in a loop
+// that also uses the converted value (lltm_sequence rounds the pre-activation
+// and computes with it) GCC then does not vectorize, and a bfloat16 row ran
+// about 20x slower than a float32 one. Round to nearest even, bit for bit as
+// c10 (a NaN becomes c10's quiet NaN).
+
+LLTM_HD float widen(float v) { return v; }
+LLTM_HD double widen(double v) { return v; }
+LLTM_HD float widen(opscommon::BFloat16 v) {
+  return bits_to_float(static_cast<uint32_t>(v.x) << 16);
+}
+// float16 -> float (the FP16 library's algorithm, as c10 without F16C).
+LLTM_HD float widen(opscommon::Half v) {
+  const uint32_t w = static_cast<uint32_t>(v.x) << 16;
+  const uint32_t sign = w & 0x80000000u;
+  const uint32_t two_w = w + w;
+  // Normal numbers, infinities and NaN: shift the exponent and mantissa into
+  // place and rescale the exponent bias by 2^-112.
+  const float normal = bits_to_float((two_w >> 4) + (0xE0u << 23)) * 0x1.0p-112f;
+  // Zero and subnormals: the mantissa under a fixed exponent, minus 0.5.
+  const float subnormal = bits_to_float((two_w >> 17) | (126u << 23)) - 0.5f;
+  const uint32_t m = 0u - static_cast<uint32_t>(two_w < (1u << 27));
+  return bits_to_float(sign | (float_to_bits(subnormal) & m) | (float_to_bits(normal) & ~m));
+}
+
+template <typename T>
+LLTM_HD T narrow(opscommon::acc_t<T> v) {
+  return v;  // float, double
+}
+template <>
+LLTM_HD opscommon::BFloat16 narrow<opscommon::BFloat16>(float v) {
+  const uint32_t u = float_to_bits(v);
+  const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  const uint32_t m = 0u - static_cast<uint32_t>(v != v);  // NaN
+  return opscommon::BFloat16(static_cast<uint16_t>((0x7FC0u & m) | (rounded & ~m)),
+                             opscommon::BFloat16::from_bits());
+}
+// float -> float16 (the FP16 library's algorithm, as c10 without F16C): the
+// float adder does the rounding, after scaling |v| so that the bits below
+// float16's precision (or its subnormal step) fall off.
+template <>
+LLTM_HD opscommon::Half narrow<opscommon::Half>(float v) {
+  const float scaled = (__builtin_fabsf(v) * 0x1.0p+112f) * 0x1.0p-110f;  // overflow -> inf
+  const uint32_t w = float_to_bits(v);
+  const uint32_t shl1_w = w + w;
+  const uint32_t sign = w & 0x80000000u;
+  uint32_t bias = shl1_w & 0xFF000000u;
+  const uint32_t low = 0u - static_cast<uint32_t>(bias < 0x71000000u);
+  bias = (0x71000000u & low) | (bias & ~low);
+  const uint32_t bits = float_to_bits(bits_to_float((bias >> 1) + 0x07800000u) + scaled);
+  const uint32_t nonsign = ((bits >> 13) & 0x00007C00u) + (bits & 0x00000FFFu);
+  const uint32_t nan = 0u - static_cast<uint32_t>(shl1_w > 0xFF000000u);
+  return opscommon::Half(static_cast<uint16_t>((sign >> 16) | (0x7E00u & nan) | (nonsign & ~nan)),
+                         opscommon::Half::from_bits());
 }
 
 }  // namespace cpu_math

@@ -47,56 +47,69 @@ void for_rows(int64_t rows, int64_t cols, const F& body) {
   }
 }
 
+// v rounded to R's precision, stored as T: R = T (the native path), or
+// T = float holding values of a half type R (the float32-products path, see
+// CpuDevF32 below).
+template <typename T, typename R>
+LLTM_HD T round_as(opscommon::acc_t<T> v) {
+  if constexpr (std::is_same_v<T, R>) {
+    return cpu_math::narrow<T>(v);
+  } else {
+    static_assert(std::is_same_v<T, float>, "half-type values are held in float");
+    return cpu_math::widen(cpu_math::narrow<R>(v));
+  }
+}
+
 // One row of a forward step: g holds P + (on return) the full pre-activation.
-template <typename T>
+// The storage conversions are cpu_math's branch-free ones: with c10's, GCC
+// does not vectorize the half-type rows (see lltm_cpu_math.h).
+template <typename T, typename R>
 LLTM_SEQ_ROW_FN void forward_row(int64_t S, T* __restrict__ g, const T* __restrict__ rec,
                                  const T* __restrict__ b, const T* __restrict__ oc,
                                  T* __restrict__ h, T* __restrict__ c) {
   using A = opscommon::acc_t<T>;
+  using cpu_math::widen;
   for (int64_t j = 0; j < S; ++j) {
-    // The pre-activation is rounded to T once, as stored for the backward,
-    // so that both passes see the same value.
-    const T gi =
-        static_cast<T>(static_cast<A>(g[j]) + static_cast<A>(rec[j]) + static_cast<A>(b[j]));
-    const T go = static_cast<T>(static_cast<A>(g[S + j]) + static_cast<A>(rec[S + j]) +
-                                static_cast<A>(b[S + j]));
-    const T gz = static_cast<T>(static_cast<A>(g[2 * S + j]) + static_cast<A>(rec[2 * S + j]) +
-                                static_cast<A>(b[2 * S + j]));
-    g[j] = gi;
-    g[S + j] = go;
-    g[2 * S + j] = gz;
+    // The pre-activation is rounded to R once, as stored for the backward,
+    // so that both passes see the same value. (Stored, then read back: a
+    // local copy of a half-type value is an aggregate copy, which the
+    // vectorizer refuses.)
+    g[j] = round_as<T, R>(widen(g[j]) + widen(rec[j]) + widen(b[j]));
+    g[S + j] = round_as<T, R>(widen(g[S + j]) + widen(rec[S + j]) + widen(b[S + j]));
+    g[2 * S + j] =
+        round_as<T, R>(widen(g[2 * S + j]) + widen(rec[2 * S + j]) + widen(b[2 * S + j]));
     A nh, nc;
-    cell_forward_math<A, CpuMath<T>>(static_cast<A>(gi), static_cast<A>(go), static_cast<A>(gz),
-                                     static_cast<A>(oc[j]), nh, nc);
-    h[j] = static_cast<T>(nh);
-    c[j] = static_cast<T>(nc);
+    cell_forward_math<A, CpuMath<T>>(widen(g[j]), widen(g[S + j]), widen(g[2 * S + j]),
+                                     widen(oc[j]), nh, nc);
+    h[j] = round_as<T, R>(nh);
+    c[j] = round_as<T, R>(nc);
   }
 }
 
 // One row of a backward step. kGo / kOther / kDc: whether grad_out, the
 // other h-gradient (rec or extra) and dc_in exist. dc_in may equal dc_out.
-template <typename T, bool kGo, bool kOther, bool kDc>
+template <typename T, typename R, bool kGo, bool kOther, bool kDc>
 LLTM_SEQ_ROW_FN void backward_row(int64_t S, const T* __restrict__ go, const T* __restrict__ other,
                                   const T* dc_in, const T* __restrict__ g, const T* __restrict__ oc,
                                   T* __restrict__ dg, T* dc_out) {
   using A = opscommon::acc_t<T>;
+  using cpu_math::widen;
   for (int64_t j = 0; j < S; ++j) {
     A grad_h = A(0);
-    if (kGo) grad_h += static_cast<A>(go[j]);
-    if (kOther) grad_h += static_cast<A>(other[j]);
-    const A grad_c = kDc ? static_cast<A>(dc_in[j]) : A(0);
+    if (kGo) grad_h += widen(go[j]);
+    if (kOther) grad_h += widen(other[j]);
+    const A grad_c = kDc ? widen(dc_in[j]) : A(0);
     A d_i, d_o, d_z, d_c;
-    cell_backward_math<A, CpuMath<T>>(grad_h, grad_c, static_cast<A>(g[j]),
-                                      static_cast<A>(g[S + j]), static_cast<A>(g[2 * S + j]),
-                                      static_cast<A>(oc[j]), d_i, d_o, d_z, d_c);
-    dg[j] = static_cast<T>(d_i);
-    dg[S + j] = static_cast<T>(d_o);
-    dg[2 * S + j] = static_cast<T>(d_z);
-    dc_out[j] = static_cast<T>(d_c);
+    cell_backward_math<A, CpuMath<T>>(grad_h, grad_c, widen(g[j]), widen(g[S + j]),
+                                      widen(g[2 * S + j]), widen(oc[j]), d_i, d_o, d_z, d_c);
+    dg[j] = round_as<T, R>(d_i);
+    dg[S + j] = round_as<T, R>(d_o);
+    dg[2 * S + j] = round_as<T, R>(d_z);
+    dc_out[j] = round_as<T, R>(d_c);
   }
 }
 
-template <typename T, bool kGo, bool kOther>
+template <typename T, typename R, bool kGo, bool kOther>
 void backward_rows_dc(bool dc, int64_t r0, int64_t r1, int64_t S, const T* go, const T* other,
                       const T* dc_in, const T* g, const T* oc, T* dg, T* dc_out) {
   for (int64_t r = r0; r < r1; ++r) {
@@ -104,13 +117,60 @@ void backward_rows_dc(bool dc, int64_t r0, int64_t r1, int64_t S, const T* go, c
     const T* otr = kOther ? other + r * S : nullptr;
     const T* dcr = dc ? dc_in + r * S : nullptr;
     if (dc) {
-      backward_row<T, kGo, kOther, true>(S, gor, otr, dcr, g + r * 3 * S, oc + r * S,
-                                         dg + r * 3 * S, dc_out + r * S);
+      backward_row<T, R, kGo, kOther, true>(S, gor, otr, dcr, g + r * 3 * S, oc + r * S,
+                                            dg + r * 3 * S, dc_out + r * S);
     } else {
-      backward_row<T, kGo, kOther, false>(S, gor, otr, dcr, g + r * 3 * S, oc + r * S,
-                                          dg + r * 3 * S, dc_out + r * S);
+      backward_row<T, R, kGo, kOther, false>(S, gor, otr, dcr, g + r * 3 * S, oc + r * S,
+                                             dg + r * 3 * S, dc_out + r * S);
     }
   }
+}
+
+// One forward / backward step: storage T, values rounded to R.
+template <typename T, typename R>
+void forward_step_as(const ForwardStep& s) {
+  const int64_t S = s.S;
+  T* g = static_cast<T*>(s.gates);
+  const T* rec = static_cast<const T*>(s.rec);
+  const T* b = static_cast<const T*>(s.bias);
+  const T* oc = static_cast<const T*>(s.c_prev);
+  T* h = static_cast<T*>(s.h);
+  T* c = static_cast<T*>(s.c);
+  T* h_n = static_cast<T*>(s.h_n);
+  T* c_n = static_cast<T*>(s.c_n);
+  for_rows(s.B, S, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      forward_row<T, R>(S, g + r * 3 * S, rec + r * 3 * S, b, oc + r * S, h + r * S, c + r * S);
+      if (h_n) std::memcpy(h_n + r * S, h + r * S, sizeof(T) * S);
+      if (c_n) std::memcpy(c_n + r * S, c + r * S, sizeof(T) * S);
+    }
+  });
+}
+
+template <typename T, typename R>
+void backward_step_as(const BackwardStep& s) {
+  const T* go = static_cast<const T*>(s.grad_out);
+  // On the CPU the recurrent product always comes precomputed (rec);
+  // extra (grad_h_n) only comes at the last step, where rec is absent.
+  const T* other = static_cast<const T*>(s.rec ? s.rec : s.extra);
+  const T* dc_in = static_cast<const T*>(s.dc_in);
+  const T* g = static_cast<const T*>(s.gates);
+  const T* oc = static_cast<const T*>(s.c_prev);
+  T* dg = static_cast<T*>(s.d_gates);
+  T* dc_out = static_cast<T*>(s.dc_out);
+  const bool dc = dc_in != nullptr;
+  const int64_t S = s.S;
+  for_rows(s.B, S, [&](int64_t r0, int64_t r1) {
+    if (go && other) {
+      backward_rows_dc<T, R, true, true>(dc, r0, r1, S, go, other, dc_in, g, oc, dg, dc_out);
+    } else if (go) {
+      backward_rows_dc<T, R, true, false>(dc, r0, r1, S, go, other, dc_in, g, oc, dg, dc_out);
+    } else if (other) {
+      backward_rows_dc<T, R, false, true>(dc, r0, r1, S, go, other, dc_in, g, oc, dg, dc_out);
+    } else {
+      backward_rows_dc<T, R, false, false>(dc, r0, r1, S, go, other, dc_in, g, oc, dg, dc_out);
+    }
+  });
 }
 
 struct CpuDev {
@@ -121,50 +181,14 @@ struct CpuDev {
   static void forward_step(const Tensor& like, const ForwardStep& s) {
     opscommon::dispatch_floating(like.scalar_type(), kSeqForward, [&](auto tag) {
       using T = decltype(tag);
-      const int64_t S = s.S;
-      T* g = static_cast<T*>(s.gates);
-      const T* rec = static_cast<const T*>(s.rec);
-      const T* b = static_cast<const T*>(s.bias);
-      const T* oc = static_cast<const T*>(s.c_prev);
-      T* h = static_cast<T*>(s.h);
-      T* c = static_cast<T*>(s.c);
-      T* h_n = static_cast<T*>(s.h_n);
-      T* c_n = static_cast<T*>(s.c_n);
-      for_rows(s.B, S, [&](int64_t r0, int64_t r1) {
-        for (int64_t r = r0; r < r1; ++r) {
-          forward_row<T>(S, g + r * 3 * S, rec + r * 3 * S, b, oc + r * S, h + r * S, c + r * S);
-          if (h_n) std::memcpy(h_n + r * S, h + r * S, sizeof(T) * S);
-          if (c_n) std::memcpy(c_n + r * S, c + r * S, sizeof(T) * S);
-        }
-      });
+      forward_step_as<T, T>(s);
     });
   }
 
   static void backward_step(const Tensor& like, const BackwardStep& s, bool /*fused*/) {
     opscommon::dispatch_floating(like.scalar_type(), kSeqBackward, [&](auto tag) {
       using T = decltype(tag);
-      const T* go = static_cast<const T*>(s.grad_out);
-      // On the CPU the recurrent product always comes precomputed (rec);
-      // extra (grad_h_n) only comes at the last step, where rec is absent.
-      const T* other = static_cast<const T*>(s.rec ? s.rec : s.extra);
-      const T* dc_in = static_cast<const T*>(s.dc_in);
-      const T* g = static_cast<const T*>(s.gates);
-      const T* oc = static_cast<const T*>(s.c_prev);
-      T* dg = static_cast<T*>(s.d_gates);
-      T* dc_out = static_cast<T*>(s.dc_out);
-      const bool dc = dc_in != nullptr;
-      const int64_t S = s.S;
-      for_rows(s.B, S, [&](int64_t r0, int64_t r1) {
-        if (go && other) {
-          backward_rows_dc<T, true, true>(dc, r0, r1, S, go, other, dc_in, g, oc, dg, dc_out);
-        } else if (go) {
-          backward_rows_dc<T, true, false>(dc, r0, r1, S, go, other, dc_in, g, oc, dg, dc_out);
-        } else if (other) {
-          backward_rows_dc<T, false, true>(dc, r0, r1, S, go, other, dc_in, g, oc, dg, dc_out);
-        } else {
-          backward_rows_dc<T, false, false>(dc, r0, r1, S, go, other, dc_in, g, oc, dg, dc_out);
-        }
-      });
+      backward_step_as<T, T>(s);
     });
   }
 
@@ -194,7 +218,7 @@ struct CpuDev {
       auto body = [&](int64_t c0, int64_t c1) {
         for (int64_t r = 0; r < rows; ++r) {
           const T* row = src + r * cols;
-          for (int64_t c = c0; c < c1; ++c) acc[c] += static_cast<double>(row[c]);
+          for (int64_t c = c0; c < c1; ++c) acc[c] += static_cast<double>(cpu_math::widen(row[c]));
         }
       };
       if (rows * cols < opscommon::kCpuGrainSize) {
@@ -219,15 +243,14 @@ struct CpuDev {
   static void add_into(Tensor& dst, const Tensor& src) {
     opscommon::dispatch_floating(dst.scalar_type(), kSeqBackward, [&](auto tag) {
       using T = decltype(tag);
-      using A = opscommon::acc_t<T>;
       const int64_t rows = dst.size(0), cols = dst.size(1), ld = dst.stride(0);
       T* out = dst.mutable_data_ptr<T>();
       const T* in = src.const_data_ptr<T>();
       for_rows(rows, cols, [&](int64_t r0, int64_t r1) {
         for (int64_t r = r0; r < r1; ++r) {
           for (int64_t c = 0; c < cols; ++c) {
-            out[r * ld + c] =
-                static_cast<T>(static_cast<A>(out[r * ld + c]) + static_cast<A>(in[r * cols + c]));
+            out[r * ld + c] = cpu_math::narrow<T>(cpu_math::widen(out[r * ld + c]) +
+                                                  cpu_math::widen(in[r * cols + c]));
           }
         }
       });
@@ -235,23 +258,156 @@ struct CpuDev {
   }
 };
 
+// Half types with the matrix products in float32. torch's CPU matrix
+// product in float16/bfloat16 is, on CPUs without bf16/fp16 matrix
+// instructions, a scalar dot-product loop about 10x slower than its float32
+// one (T64 B16 F32 S128 on an AVX2 machine: 260 us for a step's recurrent
+// product against 25 us), and the sequence does more of them than a loop of
+// cells (X W_x^T and h W_h^T apart, where a cell does [h, x] W^T once). Here
+// the driver runs on float32 buffers that hold values of R: every value the
+// native path stores in R (pre-activations, h, c, their gradients) is
+// rounded to R's precision as it is stored, so the results are the native
+// path's except that the products are no longer rounded to R before they
+// are added (one rounding fewer: P + rec + bias is rounded once, and the
+// weight gradient's chunk partial sums are not rounded).
+template <typename R>
+struct CpuDevF32 : CpuDev {
+  static void forward_step(const Tensor&, const ForwardStep& s) { forward_step_as<float, R>(s); }
+  static void backward_step(const Tensor&, const BackwardStep& s, bool) {
+    backward_step_as<float, R>(s);
+  }
+};
+
+// Whether the half-type sequence ops run their products in float32:
+// LLTM_OP_SEQUENCE_CPU_FLOAT32=1 / 0 forces it either way (tests, tuning);
+// by default yes, except on x86 CPUs with the bf16 / fp16 matrix
+// instructions (AVX512-BF16, AMX-BF16 / AVX512-FP16) that torch's half-type
+// products use (through oneDNN), where those are the faster ones.
+bool float32_products(opscommon::ScalarType dtype) {
+  if (dtype != opscommon::ScalarType::BFloat16 && dtype != opscommon::ScalarType::Half) {
+    return false;
+  }
+  const int64_t forced = env_int("LLTM_OP_SEQUENCE_CPU_FLOAT32", -1);
+  if (forced >= 0) return forced != 0;
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+  if (dtype == opscommon::ScalarType::BFloat16) {
+    return !(__builtin_cpu_supports("avx512bf16") || __builtin_cpu_supports("amx-bf16"));
+  }
+  return !__builtin_cpu_supports("avx512fp16");
+#else
+  (void)dtype;
+  return true;
+#endif
+}
+
+// t (any strides) converted to a contiguous tensor of dtype `To`, element by
+// element (cpu_math's conversions: exact from a half type to float, rounded
+// to nearest even back).
+template <typename To, typename From>
+Tensor converted(const char* op, const char* what, const Tensor& t, int32_t to_dtype) {
+  std::vector<int64_t> sizes(t.dim());
+  for (int64_t k = 0; k < t.dim(); ++k) sizes[k] = t.size(k);
+  Tensor out = alloc(op, what, t, sizes, to_dtype);
+  const int64_t n = t.numel();
+  if (n == 0) return out;
+  const Tensor src = dense(t);
+  const From* in = src.const_data_ptr<From>();
+  To* o = out.mutable_data_ptr<To>();
+  auto body = [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) o[i] = cpu_math::narrow<To>(cpu_math::widen(in[i]));
+  };
+  if (n < opscommon::kCpuGrainSize) {
+    body(0, n);
+  } else {
+    torch::stable::parallel_for(0, n, opscommon::kCpuGrainSize, body);
+  }
+  return out;
+}
+
+template <typename R>
+Tensor to_f32(const char* op, const char* what, const Tensor& t) {
+  return converted<float, R>(op, what, t, aoti_torch_dtype_float32());
+}
+
+template <typename R>
+std::optional<Tensor> to_f32(const char* op, const char* what, const std::optional<Tensor>& t) {
+  if (!t) return std::nullopt;
+  return to_f32<R>(op, what, *t);
+}
+
+template <typename R>
+Tensor from_f32(const char* op, const char* what, const Tensor& t) {
+  const int32_t dtype = std::is_same_v<R, opscommon::BFloat16> ? aoti_torch_dtype_bfloat16()
+                                                               : aoti_torch_dtype_float16();
+  return converted<R, float>(op, what, t, dtype);
+}
+
+// f(R{}) with R the half type of dtype (bfloat16 or float16).
+template <typename F>
+void dispatch_half(opscommon::ScalarType dtype, const F& f) {
+  if (dtype == opscommon::ScalarType::BFloat16) {
+    f(opscommon::BFloat16{});
+  } else {
+    f(opscommon::Half{});
+  }
+}
+
 }  // namespace
 
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_forward_cpu(Tensor input,
                                                                         Tensor weights, Tensor bias,
                                                                         Tensor old_h,
                                                                         Tensor old_cell) {
-  ForwardResult r = sequence_forward<CpuDev>(input, weights, bias, old_h, old_cell);
-  return {r.outputs, r.h_n, r.c_n, r.gates, r.cells};
+  const auto dtype = input.scalar_type();
+  if (!float32_products(dtype)) {
+    ForwardResult r = sequence_forward<CpuDev>(input, weights, bias, old_h, old_cell);
+    return {r.outputs, r.h_n, r.c_n, r.gates, r.cells};
+  }
+  // Checked before anything is converted (the same messages as the driver's).
+  const char* op = kSeqForward;
+  check_forward_args(op, input, weights, bias, old_h, old_cell);
+  std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> out;
+  dispatch_half(dtype, [&](auto tag) {
+    using R = decltype(tag);
+    ForwardResult r = sequence_forward<CpuDevF32<R>>(
+        to_f32<R>(op, "input", input), to_f32<R>(op, "weights", weights),
+        to_f32<R>(op, "bias", bias), to_f32<R>(op, "old_h", old_h),
+        to_f32<R>(op, "old_cell", old_cell));
+    out = {from_f32<R>(op, "outputs", r.outputs), from_f32<R>(op, "h_n", r.h_n),
+           from_f32<R>(op, "c_n", r.c_n), from_f32<R>(op, "gates", r.gates),
+           from_f32<R>(op, "cells", r.cells)};
+  });
+  return out;
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_backward_cpu(
     std::optional<Tensor> grad_outputs, std::optional<Tensor> grad_h_n,
     std::optional<Tensor> grad_c_n, Tensor input, Tensor weights, Tensor old_h, Tensor old_cell,
     Tensor outputs, Tensor gates, Tensor cells, bool input_grad) {
-  BackwardResult r = sequence_backward<CpuDev>(grad_outputs, grad_h_n, grad_c_n, input, weights,
-                                               old_h, old_cell, outputs, gates, cells, input_grad);
-  return {r.d_input, r.d_weights, r.d_bias, r.d_old_h, r.d_old_cell};
+  const auto dtype = input.scalar_type();
+  if (!float32_products(dtype)) {
+    BackwardResult r =
+        sequence_backward<CpuDev>(grad_outputs, grad_h_n, grad_c_n, input, weights, old_h, old_cell,
+                                  outputs, gates, cells, input_grad);
+    return {r.d_input, r.d_weights, r.d_bias, r.d_old_h, r.d_old_cell};
+  }
+  const char* op = kSeqBackward;
+  check_backward_args(grad_outputs, grad_h_n, grad_c_n, input, weights, old_h, old_cell, outputs,
+                      gates, cells);
+  std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> out;
+  dispatch_half(dtype, [&](auto tag) {
+    using R = decltype(tag);
+    BackwardResult r = sequence_backward<CpuDevF32<R>>(
+        to_f32<R>(op, "grad_outputs", grad_outputs), to_f32<R>(op, "grad_h_n", grad_h_n),
+        to_f32<R>(op, "grad_c_n", grad_c_n), to_f32<R>(op, "input", input),
+        to_f32<R>(op, "weights", weights), to_f32<R>(op, "old_h", old_h),
+        to_f32<R>(op, "old_cell", old_cell), to_f32<R>(op, "outputs", outputs),
+        to_f32<R>(op, "gates", gates), to_f32<R>(op, "cells", cells), input_grad);
+    out = {from_f32<R>(op, "d_input", r.d_input), from_f32<R>(op, "d_weights", r.d_weights),
+           from_f32<R>(op, "d_bias", r.d_bias), from_f32<R>(op, "d_old_h", r.d_old_h),
+           from_f32<R>(op, "d_old_cell", r.d_old_cell)};
+  });
+  return out;
 }
 
 }  // namespace seq
