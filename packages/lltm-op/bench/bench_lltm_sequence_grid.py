@@ -31,10 +31,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
 import torch
+from bench_lltm_sequence import with_flags  # this folder: run as python bench/<script>.py
 from lltm_op import lltm_sequence
 from opscommon.bench import interleaved_wall_times_us
 
@@ -67,22 +67,6 @@ def make_inputs(T, B, S, dtype, device, seed=0):
     return args, lstm, hx, grads
 
 
-def with_env(fn, **env):
-    def run():
-        saved = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        try:
-            return fn()
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
-
-    return run
-
-
 def variants(args, lstm, hx, grads):
     x = args[0]
 
@@ -102,16 +86,15 @@ def variants(args, lstm, hx, grads):
         with torch.no_grad():
             lstm(x, hx)
 
-    cublas = {"LLTM_OP_SEQUENCE_FUSED": "0"}
     return {
         "forward+backward": {
             OURS: ours_train,
-            CUBLAS: with_env(ours_train, **cublas),
+            CUBLAS: with_flags(ours_train, fused="0"),
             LSTM: lstm_train,
         },
         "forward": {
             OURS: ours_infer,
-            CUBLAS: with_env(ours_infer, **cublas),
+            CUBLAS: with_flags(ours_infer, fused="0"),
             LSTM: lstm_infer,
         },
     }

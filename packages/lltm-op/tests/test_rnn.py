@@ -213,12 +213,12 @@ def test_one_layer_state_dict_is_the_cells_both_ways_and_aliases():
 @pytest.mark.parametrize(
     "args,kwargs,error,match",
     [
-        ((4, 0), {}, ValueError, "hidden_size must be at least 1"),
-        ((4, -1), {}, ValueError, "hidden_size must be at least 1"),
+        ((4, 0), {}, ValueError, "hidden_size must be positive"),
+        ((4, -1), {}, ValueError, "hidden_size must be positive"),
         ((4, 2.5), {}, TypeError, "hidden_size must be an integer"),
         ((True, 3), {}, TypeError, "input_size must be an integer"),
         (("4", 3), {}, TypeError, "input_size must be an integer"),
-        ((4, 3), {"num_layers": 0}, ValueError, "num_layers must be at least 1"),
+        ((4, 3), {"num_layers": 0}, ValueError, "num_layers must be positive"),
         ((4, 3), {"dropout": -0.1}, ValueError, "dropout must be a number in"),
         ((4, 3), {"dropout": 1.5}, ValueError, "dropout must be a number in"),
         ((4, 3), {"dropout": "0.1"}, TypeError, "dropout must be a number"),

@@ -464,12 +464,12 @@ def lltm(input: Tensor, weights: Tensor, bias: Tensor, old_h: Tensor, old_cell: 
     return _cell(gates, bias, old_cell)
 
 
-def _check_size(name: str, value, minimum: int) -> int:
+def _check_size(name: str, value, minimum: int, module: str = "LLTM") -> int:
     # As nn.LSTM / nn.Linear check theirs: an int (not a bool), at least minimum.
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"LLTM: {name} must be an integer, got {type(value).__name__}")
+        raise TypeError(f"{module}: {name} must be an integer, got {type(value).__name__}")
     if value < minimum:
-        raise ValueError(f"LLTM: {name} must be {'positive' if minimum else 'non-negative'}, got {value}")
+        raise ValueError(f"{module}: {name} must be {'positive' if minimum else 'non-negative'}, got {value}")
     return int(value)
 
 

@@ -28,18 +28,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
 
+from .ops import _check_size
 from .sequence import lltm_sequence
 
 NAME = "LLTMSequence"
 
 
 def _check_int(name: str, value, minimum: int) -> int:
-    # As LLTM (and nn.LSTM) check theirs: an int, not a bool, at least minimum.
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{NAME}: {name} must be an integer, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{NAME}: {name} must be at least {minimum}, got {value}")
-    return int(value)
+    return _check_size(name, value, minimum, NAME)
 
 
 def _check_bool(name: str, value) -> bool:
