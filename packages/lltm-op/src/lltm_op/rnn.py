@@ -19,6 +19,7 @@ How each case maps onto the one-layer, one-direction primitive:
 
 from __future__ import annotations
 
+import inspect
 import math
 import numbers
 import warnings
@@ -52,57 +53,129 @@ def _check_dropout(value) -> float:
     return float(value)
 
 
-def _reverse_within_lengths(x: Tensor, lengths: list[int] | None) -> Tensor:
-    """x [T, B, ...] with each sequence b's first lengths[b] steps reversed
-    (padding left in place); the whole time axis when lengths is None."""
-    if lengths is None:
-        return x.flip(0)
-    T, B = x.shape[0], x.shape[1]
-    t = torch.arange(T, device=x.device).unsqueeze(1)
-    n = torch.as_tensor(lengths, device=x.device).unsqueeze(0)
-    index = torch.where(t < n, n - 1 - t, t)  # [T, B]; an involution
-    return x.gather(0, index.view(T, B, *([1] * (x.dim() - 2))).expand_as(x))
+# -- variable lengths: the packed layout ---------------------------------------------------
+# A PackedSequence holds its steps time-major: step t is batch_sizes[t] rows
+# (the sequences still running, longest first), so the steps split into
+# segments of constant batch size whose rows are contiguous in the data: one
+# segment is a [steps, rows, F] view, one call of the fused op, no padding
+# anywhere.
 
 
-def _segments(lengths: list[int]) -> list[tuple[int, int, int]]:
-    """(t0, t1, rows) with rows sequences running in steps t0 .. t1 - 1, for
-    lengths sorted longest first."""
+def _check_packed(input: PackedSequence) -> list[int]:
+    """batch_sizes as a list, after the checks that the packed layout
+    relies on (a hand-made PackedSequence gets an error, not wrong rows)."""
+    data, sizes = input.data, input.batch_sizes
+    where = f"{NAME}: argument 'input' (a PackedSequence)"
+    if not isinstance(sizes, Tensor) or sizes.dim() != 1 or sizes.dtype != torch.int64 or sizes.device.type != "cpu":
+        raise ValueError(f"{where} must have batch_sizes a 1-D int64 CPU tensor")
+    batch_sizes = sizes.tolist()
+    if any(b < 1 for b in batch_sizes) or any(a < b for a, b in zip(batch_sizes, batch_sizes[1:])):
+        raise ValueError(f"{where} must have batch_sizes positive and non-increasing, got {batch_sizes}")
+    if sum(batch_sizes) != data.shape[0]:
+        raise ValueError(
+            f"{where} holds {data.shape[0]} rows of data, but its batch_sizes add up to {sum(batch_sizes)}"
+        )
+    batch = batch_sizes[0] if batch_sizes else 0
+    for name in ("sorted_indices", "unsorted_indices"):
+        index = getattr(input, name)
+        if index is not None and (not isinstance(index, Tensor) or index.shape != (batch,)):
+            raise ValueError(f"{where} must have {name} of shape [{batch}] (the batch size)")
+    return batch_sizes
+
+
+def _segments(batch_sizes: list[int]) -> list[tuple[int, int, int, int]]:
+    """(first data row, steps, rows, rows of the next segment) of each run of
+    equal batch sizes."""
     out = []
-    t0 = 0
-    for rows in range(len(lengths), 0, -1):
-        t1 = lengths[rows - 1]
-        if t1 > t0:
-            out.append((t0, t1, rows))
-            t0 = t1
+    start = t = 0
+    T = len(batch_sizes)
+    while t < T:
+        rows = batch_sizes[t]
+        t1 = t
+        while t1 < T and batch_sizes[t1] == rows:
+            t1 += 1
+        out.append((start, t1 - t, rows, batch_sizes[t1] if t1 < T else 0))
+        start += (t1 - t) * rows
+        t = t1
     return out
 
 
-def _run_direction(x: Tensor, w: Tensor, b: Tensor, h0: Tensor, c0: Tensor, lengths: list[int] | None):
-    """One layer, one direction, forward in time: outputs [T, B, S] (zero on
-    padding), h_n, c_n [B, S] (each sequence's own last step)."""
-    if lengths is None:
-        out, (h, c) = lltm_sequence(x, w, b, h0, c0)
-        return out, h, c
-    T, B = x.shape[0], x.shape[1]
+def _reverse_index(batch_sizes: list[int], device: torch.device) -> Tensor:
+    """The permutation of packed rows that reverses every sequence within its
+    own length (step t of sequence b <-> step length_b - 1 - t); its own
+    inverse."""
+    sizes = torch.tensor(batch_sizes, dtype=torch.int64)
+    T, B = len(batch_sizes), batch_sizes[0]
+    offsets = torch.cumsum(sizes, 0) - sizes
+    b = torch.arange(B)
+    lengths = (sizes.unsqueeze(0) > b.unsqueeze(1)).sum(1)  # [B]
+    t = torch.arange(T).unsqueeze(1)  # [T, 1]
+    valid = b.unsqueeze(0) < sizes.unsqueeze(1)  # [T, B]: in the packed order
+    source = offsets[(lengths.unsqueeze(0) - 1 - t).clamp_min(0)] + b
+    return source[valid].to(device)
+
+
+def _packed_plan_eager(input: PackedSequence, bidirectional: bool):
+    batch_sizes = _check_packed(input)
+    segments = _segments(batch_sizes)
+    index = None
+    if bidirectional and len(segments) > 1:
+        index = _reverse_index(batch_sizes, input.data.device)
+    return (batch_sizes[0] if batch_sizes else 0), segments, index
+
+
+# The plan (checks, segments, the reverse permutation) is read from the
+# lengths on the host: under torch.compile it runs outside the graph (a graph
+# break: fullgraph=True cannot take a PackedSequence), and the segments'
+# sizes reach the traced op calls as constants that dynamo guards on.
+_PLAN_REASON = (
+    "LLTMSequence: a PackedSequence's segments of constant batch size are read from its batch_sizes on the "
+    "host (one op call per segment), a graph break; compile with fullgraph=False, or give padded input"
+)
+if "reason" in inspect.signature(torch.compiler.disable).parameters:
+    _packed_plan = torch.compiler.disable(_packed_plan_eager, reason=_PLAN_REASON)
+else:  # older torch
+    _packed_plan = torch.compiler.disable(_packed_plan_eager)
+
+
+def _run_packed(data: Tensor, w: Tensor, b: Tensor, h0: Tensor, c0: Tensor, segments):
+    """One layer, one direction over packed rows data [N, F]: output [N, S]
+    in the same layout, h_n, c_n [B, S] (each sequence's own last step)."""
     S = h0.shape[1]
+    if not segments:  # no step at all
+        return data.new_zeros(0, S), h0, c0
     h, c = h0, c0
-    pieces = []
-    for t0, t1, rows in _segments(lengths):
-        out, (h_r, c_r) = lltm_sequence(x[t0:t1, :rows], w, b, h[:rows], c[:rows])
-        if rows < B:
-            # The rows that have ended keep their state; their outputs are zero.
-            h = torch.cat((h_r, h[rows:]))
-            c = torch.cat((c_r, c[rows:]))
-            out = torch.cat((out, out.new_zeros(t1 - t0, B - rows, S)), dim=1)
-        else:
-            h, c = h_r, c_r
-        pieces.append(out)
-    if not pieces:  # every length 0 (T == 0)
-        return x.new_zeros(T, B, S), h0, c0
-    outputs = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
-    if outputs.shape[0] < T:
-        outputs = torch.cat((outputs, outputs.new_zeros(T - outputs.shape[0], B, S)))
-    return outputs, h, c
+    outs, h_done, c_done = [], [], []
+    for start, steps, rows, next_rows in segments:
+        x = data[start : start + steps * rows].reshape(steps, rows, data.shape[1])
+        out, (h, c) = lltm_sequence(x, w, b, h, c)
+        outs.append(out.reshape(steps * rows, S))
+        if next_rows < rows:
+            # Rows next_rows.. have ended: their state is final. The rows that
+            # go on are the leading ones (longest first).
+            h_done.append(h[next_rows:])
+            c_done.append(c[next_rows:])
+            h, c = h[:next_rows], c[:next_rows]
+    output = torch.cat(outs) if len(outs) > 1 else outs[0]
+    if len(h_done) == 1:
+        return output, h_done[0], c_done[0]
+    return output, torch.cat(h_done[::-1]), torch.cat(c_done[::-1])
+
+
+def _reverse(t: Tensor, segments, index: Tensor | None) -> Tensor:
+    """t (padded [T, B, ...] when segments is None, else packed rows [N, ...])
+    with every sequence reversed within its own length."""
+    if not segments:
+        return t.flip(0)
+    if len(segments) == 1:  # one length: the packed rows are [steps, rows]
+        steps, rows = segments[0][1], segments[0][2]
+        return t.reshape(steps, rows, t.shape[-1]).flip(0).reshape(steps * rows, t.shape[-1])
+    return t.index_select(0, index)
+
+
+def _run_padded(x: Tensor, w: Tensor, b: Tensor, h0: Tensor, c0: Tensor):
+    out, (h, c) = lltm_sequence(x, w, b, h0, c0)
+    return out, h, c
 
 
 class LLTMSequence(nn.Module):
@@ -234,18 +307,25 @@ class LLTMSequence(nn.Module):
 
     # -- forward ----------------------------------------------------------------------------------
 
-    def _layer_params(self, index: int, like: Tensor) -> tuple[Tensor, Tensor]:
+    def flatten_parameters(self) -> None:
+        """Nothing to do (nn.LSTM compacts its weights for cuDNN here; each
+        layer and direction of this module is already one fused call on its
+        own parameters). Kept so that code written for nn.LSTM runs."""
+
+    def _layer_params(self, index: int) -> tuple[Tensor, Tensor]:
         w_name, b_name = self._names[index]
         w = getattr(self, w_name)
+        # bias=False: the op takes a bias; zeros that nothing differentiates.
         b = getattr(self, b_name) if b_name is not None else w.new_zeros(w.shape[0])
         return w, b
 
-    def _check_input(self, input) -> None:
+    def _check_input(self, input) -> Tensor:
         if isinstance(input, PackedSequence):
             data = input.data
-            if data.dim() != 2:
+            if not isinstance(data, Tensor) or data.dim() != 2:
                 raise ValueError(
-                    f"{NAME}: a PackedSequence 'input' must hold [N, input_size] data, got {list(data.shape)}"
+                    f"{NAME}: argument 'input' (a PackedSequence) must hold [N, input_size] data, got "
+                    f"{list(data.shape) if isinstance(data, Tensor) else type(data).__name__}"
                 )
         elif isinstance(input, Tensor):
             if input.dim() not in (2, 3):
@@ -260,12 +340,26 @@ class LLTMSequence(nn.Module):
             )
         if data.shape[-1] != self.input_size:
             raise ValueError(f"{NAME}: argument 'input' must have {self.input_size} features, got {data.shape[-1]}")
+        weights = getattr(self, self._names[0][0])
+        if data.device != weights.device:
+            raise RuntimeError(
+                f"{NAME}: argument 'input' is on {data.device}, the module's parameters on {weights.device}"
+            )
+        # Under autocast the dtypes may differ (lltm_sequence casts, as
+        # torch's autocast does for nn.LSTM).
+        if data.dtype != weights.dtype and not torch.is_autocast_enabled(data.device.type):
+            raise RuntimeError(
+                f"{NAME}: argument 'input' has dtype {data.dtype}, the module's parameters {weights.dtype} "
+                "(convert one to the other, e.g. module.to(input.dtype))"
+            )
+        return data
 
-    def _check_hx(self, hx, batch: int, unbatched: bool, like: Tensor) -> tuple[Tensor, Tensor]:
+    def _check_hx(self, hx, batch: int, unbatched: bool, data: Tensor) -> tuple[Tensor, Tensor]:
         rows = self.num_layers * self.num_directions
         shape = [rows, self.hidden_size] if unbatched else [rows, batch, self.hidden_size]
         if not (isinstance(hx, (tuple, list)) and len(hx) == 2):
             raise TypeError(f"{NAME}: argument 'hx' must be a tuple (h_0, c_0), got {type(hx).__name__}")
+        autocast = torch.is_autocast_enabled(data.device.type)
         for name, t in zip(("h_0", "c_0"), hx):
             if not isinstance(t, Tensor):
                 raise TypeError(f"{NAME}: argument 'hx' {name} must be a Tensor, got {type(t).__name__}")
@@ -274,23 +368,32 @@ class LLTMSequence(nn.Module):
                     f"{NAME}: argument 'hx' {name} must have shape {shape} (num_layers * num_directions, "
                     f"{'' if unbatched else 'batch, '}hidden_size), got {list(t.shape)}"
                 )
+            if t.device != data.device:
+                raise RuntimeError(f"{NAME}: argument 'hx' {name} is on {t.device}, 'input' on {data.device}")
+            if t.dtype != data.dtype and not autocast:
+                raise RuntimeError(f"{NAME}: argument 'hx' {name} has dtype {t.dtype}, 'input' {data.dtype}")
         h0, c0 = hx
         if unbatched:
             h0, c0 = h0.unsqueeze(1), c0.unsqueeze(1)
         return h0, c0
 
-    def forward(self, input, hx: tuple[Tensor, Tensor] | None = None):
-        self._check_input(input)
+    def forward(
+        self, input: Tensor | PackedSequence, hx: tuple[Tensor, Tensor] | None = None
+    ) -> tuple[Tensor | PackedSequence, tuple[Tensor, Tensor]]:
+        """``(output, (h_n, c_n))`` as :class:`torch.nn.LSTM` returns them
+        (see the class docstring for the shapes)."""
+        data = self._check_input(input)
         packed = isinstance(input, PackedSequence)
         unbatched = False
-        lengths = None
+        segments = reverse_index = None
         if packed:
-            sorted_indices, unsorted_indices = input.sorted_indices, input.unsorted_indices
-            # Padded, in the packed (sorted, longest first) order.
-            x, length_tensor = torch.nn.utils.rnn.pad_packed_sequence(PackedSequence(input.data, input.batch_sizes))
-            lengths = length_tensor.tolist()
-            if lengths and lengths[-1] == lengths[0]:
-                lengths = None  # all the same: one call per layer and direction
+            if torch.compiler.is_exporting():
+                raise RuntimeError(
+                    f"{NAME}: a PackedSequence 'input' cannot be exported (its segments of constant batch "
+                    "size are read from batch_sizes on the host); export the module on padded input [T, B, F]"
+                )
+            batch, segments, reverse_index = _packed_plan(input, self.bidirectional)
+            x = data  # [N, F], the packed rows
         else:
             x = input
             if x.dim() == 2:
@@ -298,40 +401,45 @@ class LLTMSequence(nn.Module):
                 x = x.unsqueeze(1)
             elif self.batch_first:
                 x = x.transpose(0, 1)
-        batch = x.shape[1]
+            batch = x.shape[1]
         H, D = self.hidden_size, self.num_directions
         if hx is None:
-            zeros = x.new_zeros(self.num_layers * D, batch, H)
+            zeros = data.new_zeros(self.num_layers * D, batch, H)
             h0, c0 = zeros, zeros
         else:
-            h0, c0 = self._check_hx(hx, batch, unbatched, x)
-            if packed and sorted_indices is not None:
-                h0, c0 = h0.index_select(1, sorted_indices), c0.index_select(1, sorted_indices)
+            h0, c0 = self._check_hx(hx, batch, unbatched, data)
+            if packed and input.sorted_indices is not None:
+                # The packed rows are sorted longest first; so is the state.
+                h0, c0 = h0.index_select(1, input.sorted_indices), c0.index_select(1, input.sorted_indices)
+        # The reverse direction: each sequence reversed within its own length
+        # (padded: the time axis; packed: a permutation of the rows, a flip
+        # of the time axis for one segment), run forward, and reversed back.
         layer_input = x
         h_n, c_n = [], []
         for layer in range(self.num_layers):
             outs = []
             for direction in range(D):
                 k = layer * D + direction
-                w, b = self._layer_params(k, layer_input)
-                seq = layer_input if direction == 0 else _reverse_within_lengths(layer_input, lengths)
-                out, h, c = _run_direction(seq, w, b, h0[k], c0[k], lengths)
-                outs.append(out if direction == 0 else _reverse_within_lengths(out, lengths))
+                w, b = self._layer_params(k)
+                seq = _reverse(layer_input, segments, reverse_index) if direction else layer_input
+                if segments is None:
+                    out, h, c = _run_padded(seq, w, b, h0[k], c0[k])
+                else:
+                    out, h, c = _run_packed(seq, w, b, h0[k], c0[k], segments)
+                if direction:
+                    out = _reverse(out, segments, reverse_index)
+                outs.append(out)
                 h_n.append(h)
                 c_n.append(c)
-            layer_input = outs[0] if D == 1 else torch.cat(outs, dim=2)
+            layer_input = outs[0] if D == 1 else torch.cat(outs, dim=-1)
             if self.dropout > 0 and self.training and layer < self.num_layers - 1:
                 layer_input = F.dropout(layer_input, p=self.dropout, training=True)
         output = layer_input
         h_n, c_n = torch.stack(h_n), torch.stack(c_n)
         if packed:
-            if lengths is None:
-                data = output.reshape(-1, output.shape[-1])
-            else:
-                data = torch.nn.utils.rnn.pack_padded_sequence(output, lengths).data
-            if unsorted_indices is not None:
-                h_n, c_n = h_n.index_select(1, unsorted_indices), c_n.index_select(1, unsorted_indices)
-            return PackedSequence(data, input.batch_sizes, sorted_indices, unsorted_indices), (h_n, c_n)
+            if input.unsorted_indices is not None:
+                h_n, c_n = h_n.index_select(1, input.unsorted_indices), c_n.index_select(1, input.unsorted_indices)
+            return PackedSequence(output, input.batch_sizes, input.sorted_indices, input.unsorted_indices), (h_n, c_n)
         if unbatched:
             return output.squeeze(1), (h_n.squeeze(1), c_n.squeeze(1))
         if self.batch_first:
