@@ -10,11 +10,13 @@ How each case maps onto the one-layer, one-direction primitive:
 * the reverse direction: the sequence reversed in time, run forward, its
   outputs reversed back; with variable lengths each sequence is reversed
   within its own length, so it starts at its own last step;
-* variable lengths (``PackedSequence``): the sequences are sorted by length
-  (longest first), so the steps split into segments in which the same
-  leading rows are still running; one call per segment on those rows, the
-  state of the rows that have ended carried unchanged. No step is computed
-  on padding, and each sequence's final state is its own.
+* variable lengths (``PackedSequence``): the packed rows are time-major
+  with the sequences sorted longest first, so the steps split into segments
+  of constant batch size whose rows are contiguous: one call per segment on
+  a ``[steps, rows, F]`` view of the packed data, with the state of its
+  leading rows carried into the next segment and that of the rows that end
+  kept as their final state. No step is computed on padding, nothing is
+  padded or unpadded, and the output is packed as the input.
 """
 
 from __future__ import annotations
