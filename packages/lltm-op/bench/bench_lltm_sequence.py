@@ -2,7 +2,7 @@
 lltm_op cells, a loop of pure-PyTorch cells, torch.compile of that loop and
 nn.LSTM (cuDNN) of the same sizes.
 
-    python bench/bench_lltm_sequence.py [--out DIR] [--quick] [--no-compile] [--repeat N]
+    python bench/bench_lltm_sequence.py [--out DIR] [--quick] [--no-compile] [--repeat N] [--modules-only]
 
 Forward+backward of a whole sequence (gradients of outputs, h_n and c_n,
 random, with respect to input, weights, bias, h_0 and c_0; nn.LSTM: input,
@@ -21,11 +21,14 @@ own: fused (LLTM_OP_SEQUENCE_FUSED=1: the persistent kernels), a fused kernel
 launched per step (and LLTM_OP_SEQUENCE_PERSISTENT=0) and cuBLAS
 (LLTM_OP_SEQUENCE_FUSED=0).
 
-Then the module rows: ``LLTMSequence`` against ``nn.LSTM`` with the same
-arguments, forward+backward (gradients of the output and final states with
-respect to the input and every parameter): two layers, bidirectional; and
-one layer on a ``PackedSequence`` of variable lengths (uniform in [T/4, T],
-the same packed batch for both).
+Then the module rows (alone with --modules-only): ``LLTMSequence`` against
+``nn.LSTM`` with the same arguments, forward+backward (gradients of the
+output and final states with respect to every parameter): two layers,
+bidirectional; and on a ``PackedSequence`` of variable lengths (uniform in
+[T/4, T], unsorted, packed once, the same for both) with one layer and with
+two layers, bidirectional. A packed row names its number of segments of
+constant batch size: LLTMSequence makes one op call per segment, layer and
+direction.
 
 --quick: tiny sizes on the CPU, a smoke run.
 """
@@ -139,31 +142,36 @@ MODULE_SIZES = [((64, 32, 256, 256), torch.bfloat16), ((64, 32, 256, 256), torch
 QUICK_MODULE_SIZES = [((6, 4, 8, 16), torch.float32)]
 
 
-def module_rows(device: str, sizes, repeat: int) -> list[str]:
-    """LLTMSequence against nn.LSTM: 2 layers bidirectional, and packed
-    variable lengths; returns Markdown table lines."""
+def module_rows(device: str, sizes, repeat: int) -> tuple[list[str], list[dict]]:
+    """LLTMSequence against nn.LSTM with the same arguments on the same
+    input: 2 layers bidirectional (padded), and a PackedSequence of variable
+    lengths (uniform in [T/4, T], packed once, unsorted) with one layer and
+    with 2 layers bidirectional. Returns Markdown table lines and records."""
     from torch.nn.utils.rnn import pack_padded_sequence
 
     lines = ["| module case | T, B, F, S, dtype | LLTMSequence | nn.LSTM | ratio |", "|---|---|---|---|---|"]
+    records = []
     for (T, B, F, S), dtype in sizes:
         dname = str(dtype).replace("torch.", "")
         gen = torch.Generator().manual_seed(0)
         x = torch.randn(T, B, F, generator=gen).to(device, dtype)
         lengths = torch.randint(max(1, T // 4), T + 1, (B,), generator=gen)
+        packed = pack_padded_sequence(x, lengths, enforce_sorted=False)
+        # One op call per run of equal batch sizes (per layer and direction).
+        segments = len(torch.unique_consecutive(packed.batch_sizes))
+        two = dict(num_layers=2, bidirectional=True)
         cases = {
-            "2 layers, bidirectional": (dict(num_layers=2, bidirectional=True), lambda: x),
-            "packed, lengths U[T/4, T]": (
-                {},
-                lambda: pack_padded_sequence(x, lengths, enforce_sorted=False),
-            ),
+            "2 layers, bidirectional": (two, x),
+            f"packed, lengths U[T/4, T] ({segments} segments)": ({}, packed),
+            f"packed, 2 layers, bidirectional ({segments} segments)": (two, packed),
         }
-        for case, (kw, make) in cases.items():
+        for case, (kw, inp) in cases.items():
             ours = lltm_op.LLTMSequence(F, S, **kw).to(device, dtype)
             lstm = torch.nn.LSTM(F, S, **kw).to(device, dtype)
             lstm.flatten_parameters()
 
-            def run(m, make=make):
-                out, (h, c) = m(make())
+            def run(m, inp=inp):
+                out, (h, c) = m(inp)
                 data = out.data if hasattr(out, "batch_sizes") else out
                 params = list(m.parameters())
                 torch.autograd.grad((data.float().square().sum() + h.float().sum() + c.float().sum()), params)
@@ -176,8 +184,17 @@ def module_rows(device: str, sizes, repeat: int) -> list[str]:
                 f"| {case} | T{T} B{B} F{F} S{S} {dname} | {times['ours'] / 1e3:.3f} ms | "
                 f"{times['lstm'] / 1e3:.3f} ms | {ratio:.2f}x |"
             )
+            records.append(
+                {
+                    "case": case,
+                    "size": f"T{T} B{B} F{F} S{S} {dname}",
+                    "ms": {"LLTMSequence": times["ours"] / 1e3, "nn.LSTM": times["lstm"] / 1e3},
+                    "ratio": ratio,
+                }
+            )
             print(lines[-1], flush=True)
-    return lines
+            del ours, lstm
+    return lines, records
 
 
 def main() -> None:
@@ -186,6 +203,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="tiny sizes on the CPU (smoke run)")
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile(loop)")
     parser.add_argument("--repeat", type=int, default=None, help="timed rounds per size")
+    parser.add_argument(
+        "--modules-only", action="store_true", help="only the LLTMSequence against nn.LSTM rows (2 layers, packed)"
+    )
     args = parser.parse_args()
     device = "cuda" if torch.cuda.is_available() and not args.quick else "cpu"
     sizes = QUICK_SIZES if device == "cpu" else SIZES
@@ -200,7 +220,7 @@ def main() -> None:
     print(header, flush=True)
 
     results = []
-    for (T, B, F, S), dtype in sizes:
+    for (T, B, F, S), dtype in [] if args.modules_only else sizes:
         dname = str(dtype).replace("torch.", "")
         label = f"T{T} B{B} F{F} S{S} {dname}"
         inputs, grads = make_inputs(T, B, F, S, dtype, device)
@@ -286,8 +306,13 @@ def main() -> None:
                 f"peak memory vs {CELLS}: {mem[OURS]:.1f} / {mem[CELLS]:.1f} MiB = {mem[OURS] / mem[CELLS]:.2f}x"
             )
         lines.append(f"- {r['size']}: " + "; ".join(parts))
+    if not results:  # --modules-only
+        lines = []
     lines += ["", "modules (LLTMSequence against nn.LSTM, forward+backward, same run):", ""]
-    lines += module_rows(device, QUICK_MODULE_SIZES if device == "cpu" else MODULE_SIZES, max(3, repeat // 4))
+    module_lines, modules = module_rows(
+        device, QUICK_MODULE_SIZES if device == "cpu" else MODULE_SIZES, max(3, repeat // 4)
+    )
+    lines += module_lines
     table = "\n".join(lines)
     print()
     print(table)
@@ -302,7 +327,8 @@ def main() -> None:
         (out / "lltm_sequence.md").write_text(
             f"{header}\n\n{tf32}\n\nforward+backward of a whole sequence, synchronized wall time, median\n\n{table}\n"
         )
-        (out / "lltm_sequence.json").write_text(json.dumps({"header": header, "results": results}, indent=1))
+        record = {"header": header, "results": results, "modules": modules}
+        (out / "lltm_sequence.json").write_text(json.dumps(record, indent=1))
         print(f"wrote {out / 'lltm_sequence.md'}")
 
 
