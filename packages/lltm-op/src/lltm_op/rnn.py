@@ -209,6 +209,11 @@ class LLTMSequence(nn.Module):
 
     Differs from nn.LSTM in the cell: three gates (input, output, an ELU
     candidate) and no forget gate, so the cell state accumulates over time.
+
+    Padded input works under ``torch.compile(fullgraph=True)`` and
+    ``torch.export``; a ``PackedSequence``'s segments are read from its
+    batch sizes on the host (a graph break under ``torch.compile``, refused
+    by ``torch.export``).
     """
 
     def __init__(
