@@ -1,0 +1,213 @@
+"""Deployment checks shared by every op package: a model that calls the op,
+exported (``torch.export``) and compiled with AOTInductor into a ``.pt2``
+package, then run where it would be deployed:
+
+* :func:`run_in_fresh_python`: a new Python process that imports torch and
+  the one op package, and nothing else of this project;
+* :func:`run_in_cpp`: the C++ runner (``opscommon/aoti_runner/``, built by
+  :func:`build_runner` against the libtorch of the torch wheel), which loads
+  the op's library and the package with no Python in the process, and fails
+  if libpython is mapped into it.
+
+Inputs and outputs cross the process boundary as ``torch.save`` files of a
+list of tensors (``torch::pickle_load`` / ``torch::pickle_save`` in C++).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.jit._pickle
+
+#: The C++ runner's sources (aoti_runner.cpp, CMakeLists.txt).
+RUNNER_DIR = Path(__file__).resolve().parent / "aoti_runner"
+RUNNER_SOURCE = RUNNER_DIR / "aoti_runner.cpp"
+
+
+def export_and_package(
+    model: torch.nn.Module,
+    example_inputs: tuple[Any, ...],
+    dynamic_shapes: Any,
+    package_path: str | os.PathLike,
+) -> Path:
+    """``torch.export.export`` ``model`` on ``example_inputs`` with
+    ``dynamic_shapes``, then compile it with AOTInductor into the ``.pt2``
+    package ``package_path``; returns that path."""
+    model = model.eval()
+    with torch.no_grad():
+        exported = torch.export.export(model, example_inputs, dynamic_shapes=dynamic_shapes)
+    out = torch._inductor.aoti_compile_and_package(exported, package_path=os.fspath(package_path))
+    return Path(out)
+
+
+def _save_inputs(inputs: Sequence[torch.Tensor], path: Path) -> None:
+    torch.save([t.detach().cpu().contiguous() for t in inputs], path)
+
+
+_FRESH_PYTHON = r"""
+import importlib, sys
+import torch
+import torch.jit._pickle
+import torch.utils._pytree as pytree
+module, package, inputs_path, outputs_path, device = sys.argv[1:6]
+importlib.import_module(module)
+inputs = [t.to(device) for t in torch.load(inputs_path, weights_only=True)]
+with torch.inference_mode():
+    out = torch._inductor.aoti_load_package(package)(*inputs)
+leaves = [t.cpu() for t in pytree.tree_leaves(out)]
+# What this process imported besides torch: the op package alone (its build
+# helper, opscommon, must not be needed at run time).
+own = sorted(m for m in sys.modules if "." not in m and (m == "opscommon" or m.endswith("_op")))
+if own != [module]:
+    sys.exit(f"the process imported {own}, expected only [{module!r}]")
+torch.save(leaves, outputs_path)
+"""
+
+
+def run_in_fresh_python(
+    package: str | os.PathLike,
+    module: str,
+    inputs: Sequence[torch.Tensor],
+    device: str = "cpu",
+    workdir: str | os.PathLike | None = None,
+) -> list[torch.Tensor]:
+    """Load the ``.pt2`` ``package`` with ``torch._inductor.aoti_load_package``
+    in a new Python process that imports only torch and the op package
+    ``module``, run it on ``inputs`` (moved to ``device``), and return its
+    outputs (flattened, on the CPU)."""
+    with tempfile.TemporaryDirectory(dir=workdir) as tmp:
+        src, dst = Path(tmp) / "inputs.pt", Path(tmp) / "outputs.pt"
+        _save_inputs(inputs, src)
+        cmd = [sys.executable, "-c", _FRESH_PYTHON, module, os.fspath(package), str(src), str(dst), device]
+        # Not the repository's checkout on sys.path: the installed packages.
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp, timeout=600)
+        if proc.returncode != 0:
+            raise RuntimeError(f"running {package} in a fresh Python failed:\n{proc.stdout}\n{proc.stderr}")
+        return torch.load(dst, weights_only=True)
+
+
+def library_path(module: str) -> str:
+    """The op package's compiled library, as ``python -m <module>
+    --library-path`` prints it (the documented way to find it)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", module, "--library-path"], capture_output=True, text=True, timeout=300
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"python -m {module} --library-path failed:\n{proc.stderr}")
+    path = proc.stdout.strip()
+    if not Path(path).is_file():
+        raise RuntimeError(f"python -m {module} --library-path printed {path!r}, not a file")
+    return path
+
+
+def torch_lib_dir() -> Path:
+    """torch's shared libraries (libtorch, libc10, ...): what a deployed
+    program needs at run time, through its rpath or ``LD_LIBRARY_PATH``."""
+    return Path(torch.__file__).resolve().parent / "lib"
+
+
+def compile_command(output: str | os.PathLike, source: str | os.PathLike = RUNNER_SOURCE) -> list[str]:
+    """One compiler line that builds the runner against this torch wheel's
+    libtorch (what CMakeLists.txt does, without CMake)."""
+    root = Path(torch.__file__).resolve().parent
+    lib = torch_lib_dir()
+    cxx = os.environ.get("CXX", "g++")
+    abi = int(torch.compiled_with_cxx11_abi())
+    libs = ["-ltorch", "-ltorch_cpu", "-lc10"]
+    if (lib / "libtorch_cuda.so").exists():
+        # The CUDA model runner is registered by libtorch_cuda's initializers:
+        # linked without --as-needed, so it is loaded although no symbol of it is used.
+        libs += ["-ltorch_cuda", "-lc10_cuda"]
+    return [
+        cxx,
+        "-std=c++20",
+        "-O1",
+        f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+        f"-I{root / 'include'}",
+        f"-I{root / 'include' / 'torch' / 'csrc' / 'api' / 'include'}",
+        os.fspath(source),
+        "-o",
+        os.fspath(output),
+        f"-L{lib}",
+        "-Wl,--no-as-needed",
+        *libs,
+        "-Wl,--as-needed",
+        f"-Wl,-rpath,{lib}",
+        "-ldl",
+    ]
+
+
+def _cache_root() -> Path:
+    env = os.environ.get("OPSCOMMON_CACHE_DIR")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "opscommon"
+
+
+def build_runner(cache_dir: str | os.PathLike | None = None) -> Path:
+    """The C++ runner built against this torch, compiled once per torch
+    build and runner source (cached under ``cache_dir``, default
+    ``$OPSCOMMON_CACHE_DIR`` or ``~/.cache/opscommon``): every op package's
+    tests share one build."""
+    key_text = "\n".join(
+        [torch.__version__, str(torch_lib_dir()), RUNNER_SOURCE.read_text(), shlex.join(compile_command("x"))]
+    )
+    key = hashlib.sha256(key_text.encode()).hexdigest()[:16]
+    folder = Path(cache_dir) if cache_dir is not None else _cache_root() / "aoti-runner"
+    exe = folder / f"aoti_runner-{torch.__version__.replace('+', '_')}-{key}"
+    if exe.is_file():
+        return exe
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = exe.with_name(f"{exe.name}.{os.getpid()}.tmp")
+    cmd = compile_command(tmp)
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"building the AOTInductor runner failed:\n{shlex.join(cmd)}\n{proc.stderr}")
+    os.replace(tmp, exe)  # atomic: a concurrent build of the same key is harmless
+    return exe
+
+
+def run_in_cpp(
+    runner: str | os.PathLike,
+    package: str | os.PathLike,
+    libraries: Sequence[str],
+    inputs: Sequence[torch.Tensor],
+    device: str = "cpu",
+    workdir: str | os.PathLike | None = None,
+) -> tuple[list[torch.Tensor], str]:
+    """Run the ``.pt2`` ``package`` with the C++ ``runner``, which loads the
+    op ``libraries`` first; returns the outputs (on the CPU) and what the
+    runner printed. Raises if the runner fails, including when libpython is
+    mapped into its process."""
+    with tempfile.TemporaryDirectory(dir=workdir) as tmp:
+        src, dst = Path(tmp) / "inputs.pt", Path(tmp) / "outputs.pt"
+        _save_inputs(inputs, src)
+        cmd = [os.fspath(runner)]
+        for lib in libraries:
+            cmd += ["--library", lib]
+        cmd += ["--package", os.fspath(package), "--inputs", str(src), "--outputs", str(dst), "--device", device]
+        # The environment of a deployment: nothing of Python's.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp, env=env, timeout=600)
+        if proc.returncode != 0:
+            why = "libpython is mapped into the runner" if proc.returncode == 3 else "the runner failed"
+            raise RuntimeError(f"{why} (exit {proc.returncode}): {shlex.join(cmd)}\n{proc.stdout}\n{proc.stderr}")
+        # torch::pickle_save writes a typed tensor list, rebuilt by this function.
+        with torch.serialization.safe_globals([torch.jit._pickle.build_tensorlist]):
+            return torch.load(dst, weights_only=True), proc.stdout
+
+
+def cxx_available() -> bool:
+    """Whether a C++ compiler for :func:`build_runner` is on PATH."""
+    return shutil.which(os.environ.get("CXX", "g++")) is not None
