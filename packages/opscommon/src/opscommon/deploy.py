@@ -211,3 +211,24 @@ def run_in_cpp(
 def cxx_available() -> bool:
     """Whether a C++ compiler for :func:`build_runner` is on PATH."""
     return shutil.which(os.environ.get("CXX", "g++")) is not None
+
+
+def libpython_path() -> str | None:
+    """This interpreter's shared libpython, if it has one (to prove that the
+    runner's libpython check fires: ``LD_PRELOAD`` it into the runner)."""
+    import sysconfig
+
+    if not sysconfig.get_config_var("Py_ENABLE_SHARED"):
+        return None
+    path = Path(sysconfig.get_config_var("LIBDIR") or "") / (sysconfig.get_config_var("LDLIBRARY") or "")
+    return str(path) if path.is_file() else None
+
+
+def assert_same_outputs(outs: Sequence[torch.Tensor], refs: Sequence[torch.Tensor], device: str) -> None:
+    """Deployed outputs equal the eager ones: float32 tolerance on the CPU;
+    on CUDA, AOTInductor's own GEMM and fused kernels may order sums
+    differently from eager, so a looser relative tolerance."""
+    assert len(outs) == len(refs), (len(outs), len(refs))
+    tol = {} if device == "cpu" else {"rtol": 1e-4, "atol": 1e-5}
+    for out, ref in zip(outs, refs):
+        torch.testing.assert_close(out, ref.detach().cpu(), **tol)
