@@ -99,9 +99,7 @@ def run_in_fresh_python(
 def library_path(module: str) -> str:
     """The op package's compiled library, as ``python -m <module>
     --library-path`` prints it (the documented way to find it)."""
-    proc = subprocess.run(
-        [sys.executable, "-m", module, "--library-path"], capture_output=True, text=True, timeout=300
-    )
+    proc = subprocess.run([sys.executable, "-m", module, "--library-path"], capture_output=True, text=True, timeout=300)
     if proc.returncode != 0:
         raise RuntimeError(f"python -m {module} --library-path failed:\n{proc.stderr}")
     path = proc.stdout.strip()

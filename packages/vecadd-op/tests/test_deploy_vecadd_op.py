@@ -44,10 +44,8 @@ def deployed(request, tmp_path_factory):
     device = _device(request.param)
     torch.manual_seed(0)
     model = Model().to(device).eval()
-    batch = torch.export.Dim("batch", min=1, max=1 << 16)
-    example = (torch.randn(5, 8, device=device),)
     path = tmp_path_factory.mktemp(f"deploy-{device}") / "model.pt2"
-    return device, model, deploy.export_and_package(model, example, ({0: batch},), path)
+    return device, model, deploy.export_and_package(model, example_inputs(device), DYNAMIC_SHAPES, path)
 
 
 @pytest.fixture(scope="session")
@@ -55,8 +53,21 @@ def runner():
     return deploy.build_runner()
 
 
+# What the export sees, and the inputs the deployed package is checked on
+# (other sizes: the batch is dynamic). scripts/deploy_across.py uses them too.
+DYNAMIC_SHAPES = ({0: torch.export.Dim("batch", min=1, max=1 << 16)},)
+
+
+def example_inputs(device: str) -> tuple[torch.Tensor, ...]:
+    return (torch.randn(5, 8, device=device),)
+
+
 def _inputs(device: str, batch: int) -> list[torch.Tensor]:
     return [torch.randn(batch, 8, device=device) * 3]
+
+
+def sample_inputs(device: str) -> list[list[torch.Tensor]]:
+    return [_inputs(device, 11), _inputs(device, 1), _inputs(device, 37)]
 
 
 def _eager(model: nn.Module, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -72,15 +83,14 @@ def test_library_path_prints_the_compiled_library() -> None:
 
 def test_pt2_runs_in_a_fresh_python(deployed) -> None:
     device, model, package = deployed
-    inputs = _inputs(device, 11)  # not the example's batch: the batch is dynamic
+    inputs = sample_inputs(device)[0]
     outs = deploy.run_in_fresh_python(package, MODULE, inputs, device)
     deploy.assert_same_outputs(outs, _eager(model, inputs), device)
 
 
 def test_pt2_runs_from_cpp_without_python(deployed, runner) -> None:
     device, model, package = deployed
-    for batch in (1, 37):
-        inputs = _inputs(device, batch)
+    for inputs in sample_inputs(device)[1:]:
         outs, log = deploy.run_in_cpp(runner, package, [deploy.library_path(MODULE)], inputs, device)
         assert "no libpython mapped" in log
         deploy.assert_same_outputs(outs, _eager(model, inputs), device)

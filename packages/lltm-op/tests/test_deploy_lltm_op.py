@@ -48,11 +48,8 @@ def deployed(request, tmp_path_factory):
     device = _device(request.param)
     torch.manual_seed(0)
     model = Model().to(device).eval()
-    steps = torch.export.Dim("steps", min=1, max=1 << 16)
-    batch = torch.export.Dim("batch", min=1, max=1 << 16)
-    example = (torch.randint(0, VOCAB, (7, 3), device=device),)
     path = tmp_path_factory.mktemp(f"deploy-{device}") / "model.pt2"
-    return device, model, deploy.export_and_package(model, example, ({0: steps, 1: batch},), path)
+    return device, model, deploy.export_and_package(model, example_inputs(device), DYNAMIC_SHAPES, path)
 
 
 @pytest.fixture(scope="session")
@@ -60,8 +57,22 @@ def runner():
     return deploy.build_runner()
 
 
+# What the export sees, and the inputs the deployed package is checked on
+# (other lengths and batches: both are dynamic). scripts/deploy_across.py
+# uses them too.
+DYNAMIC_SHAPES = ({0: torch.export.Dim("steps", min=1, max=1 << 16), 1: torch.export.Dim("batch", min=1, max=1 << 16)},)
+
+
+def example_inputs(device: str) -> tuple[torch.Tensor, ...]:
+    return (torch.randint(0, VOCAB, (7, 3), device=device),)
+
+
 def _inputs(device: str, steps: int, batch: int) -> list[torch.Tensor]:
     return [torch.randint(0, VOCAB, (steps, batch), device=device)]
+
+
+def sample_inputs(device: str) -> list[list[torch.Tensor]]:
+    return [_inputs(device, 12, 5), _inputs(device, 1, 1), _inputs(device, 23, 9)]
 
 
 def _eager(model: nn.Module, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -77,15 +88,14 @@ def test_library_path_prints_the_compiled_library() -> None:
 
 def test_pt2_runs_in_a_fresh_python(deployed) -> None:
     device, model, package = deployed
-    inputs = _inputs(device, 12, 5)  # neither the example's length nor batch: both dynamic
+    inputs = sample_inputs(device)[0]
     outs = deploy.run_in_fresh_python(package, MODULE, inputs, device)
     deploy.assert_same_outputs(outs, _eager(model, inputs), device)
 
 
 def test_pt2_runs_from_cpp_without_python(deployed, runner) -> None:
     device, model, package = deployed
-    for steps, batch in ((1, 1), (23, 9)):
-        inputs = _inputs(device, steps, batch)
+    for inputs in sample_inputs(device)[1:]:
         outs, log = deploy.run_in_cpp(runner, package, [deploy.library_path(MODULE)], inputs, device)
         assert "no libpython mapped" in log
         deploy.assert_same_outputs(outs, _eager(model, inputs), device)
