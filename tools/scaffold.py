@@ -71,7 +71,9 @@ kernels registered with the dispatcher (`torch.ops.{module}`).
 Made by `nox -s new_op -- {name}` from the round-op template: it still computes
 round-half-up with a straight-through gradient. Rename the op, replace the
 kernels in `csrc/`, the Python API in `src/{module}/ops.py` and the
-reference in `tests/`, then `nox -s tests-3.11 -- {name}`.
+reference in `tests/` (and the model of `tests/test_deploy_{module}.py`, the
+deployment check: AOTInductor, from Python and from C++), then
+`nox -s tests-3.11 -- {name}`.
 """
 
 
