@@ -9,10 +9,10 @@
 // dispatcher, which is all the package's calls to them need. IN.pt holds a
 // list of tensors (Python: `torch.save([x, ...], "IN.pt")`), moved to
 // --device before the run; OUT.pt receives the list of outputs, on the CPU
-// (Python: `torch.load("OUT.pt")`; with weights_only=True, inside
-// `torch.serialization.safe_globals([torch.jit._pickle.build_tensorlist])`). The runner fails (exit status 3) if
-// libpython is mapped into its process at the end of the run: the
-// deployment promise is that nothing of Python is needed.
+// (Python: `torch.load("OUT.pt")`, inside `torch.serialization.safe_globals(
+// [torch.jit._pickle.build_tensorlist])` with weights_only). The runner fails
+// (exit status 3) if libpython is mapped into its process at the end of the
+// run: the deployment promise is that nothing of Python is needed.
 //
 // Build: CMakeLists.txt next to this file, or one compiler line (see the
 // top-level README, "Deploying").
@@ -106,7 +106,8 @@ int main(int argc, char** argv) {
 
     // Named: the list must outlive the loop over it.
     const c10::IValue loaded = torch::jit::pickle_load(read_file(args.inputs));
-    if (!loaded.isList()) throw std::runtime_error(args.inputs + " does not hold a list of tensors");
+    if (!loaded.isList())
+      throw std::runtime_error(args.inputs + " does not hold a list of tensors");
     std::vector<at::Tensor> inputs;
     for (const auto& v : loaded.toListRef()) {
       inputs.push_back(v.toTensor().to(device));
