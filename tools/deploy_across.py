@@ -13,7 +13,6 @@ TO's libtorch, and must give the saved outputs.
 from __future__ import annotations
 
 import json
-import shutil
 from typing import Any
 
 from . import steps
@@ -53,7 +52,7 @@ def deploy_across(session: Any, m: Matrix, old: str, new: str) -> None:
     python = env / "bin" / "python"
     wheel_files = [str(w) for w in sorted(wheels.glob("*.whl"))]
     requirements = [f"torch=={m.torches[new].version}", "numpy", *wheel_files]
-    if shutil.which("uv"):
+    if getattr(session.virtualenv, "venv_backend", "") == "uv":
         session.run("uv", "pip", "install", "--python", str(python), *requirements, external=True, silent=True)
     else:
         session.run("python", "-m", "pip", "--python", str(python), "install", *requirements, silent=True)
