@@ -117,7 +117,8 @@ def torch_lib_dir() -> Path:
 def compile_command(output: str | os.PathLike, source: str | os.PathLike = RUNNER_SOURCE) -> list[str]:
     """One compiler line that builds the runner against this torch wheel's
     libtorch (what CMakeLists.txt does, without CMake)."""
-    root = Path(torch.__file__).resolve().parent
+    from torch.utils.cpp_extension import include_paths
+
     lib = torch_lib_dir()
     cxx = os.environ.get("CXX", "g++")
     abi = int(torch.compiled_with_cxx11_abi())
@@ -131,8 +132,7 @@ def compile_command(output: str | os.PathLike, source: str | os.PathLike = RUNNE
         "-std=c++20",
         "-O1",
         f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-        f"-I{root / 'include'}",
-        f"-I{root / 'include' / 'torch' / 'csrc' / 'api' / 'include'}",
+        *(f"-I{path}" for path in include_paths()),
         os.fspath(source),
         "-o",
         os.fspath(output),
