@@ -92,7 +92,10 @@ def run_in_fresh_python(
         # Not the repository's checkout on sys.path: the installed packages.
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp, timeout=600)
         if proc.returncode != 0:
-            raise RuntimeError(f"running {package} in a fresh Python failed:\n{proc.stdout}\n{proc.stderr}")
+            raise RuntimeError(
+                f"running {package} in a fresh Python failed (exit status {proc.returncode}):\n"
+                f"{proc.stdout}\n{proc.stderr}"
+            )
         return torch.load(dst, weights_only=True)
 
 
