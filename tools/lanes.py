@@ -16,6 +16,11 @@ from .packages import COMMON, import_name, op_packages
 from .results import Results
 
 MATRIX_WHEELS = steps.ROOT / ".nox" / "_matrix-wheels"  # wheels the matrix installs into every torch
+# AOTInductor packages (.pt2) that each torch release of the matrix makes with
+# the CPU matrix wheels (scripts/deploy_across.py export), one folder per
+# series: every later release runs them. Emptied with the CPU wheels.
+MATRIX_PT2 = steps.ROOT / ".nox" / "_matrix-pt2"
+DEPLOY_ACROSS = steps.SCRIPTS / "deploy_across.py"
 
 
 def build_variant(
@@ -109,6 +114,8 @@ def matrix_wheels(session: Any, m: Matrix, variant: str) -> None:
     """The wheels of one variant that the matrix installs into every torch."""
     dest = MATRIX_WHEELS / variant
     shutil.rmtree(dest, ignore_errors=True)
+    if variant == "cpu":
+        shutil.rmtree(MATRIX_PT2, ignore_errors=True)
     results = Results(session, "wheels", row=variant, label=f"{variant} wheels")
     check = f"{variant} wheel: build"
     version, built = build_variant(session, m, variant, op_packages(), results, dest, check)
@@ -147,6 +154,7 @@ def matrix_torch(session: Any, m: Matrix, series: str, source_tests: bool) -> No
         steps.install_wheel(session, wheel)
         installed.append(package)
     steps.run_suites(session, results, installed, [COMMON, *installed, "integration"], "cpu wheel: tests")
+    _deploy_across_releases(session, m, results, series, installed)
     for variant in m.variants[1:]:
         if not (MATRIX_WHEELS / variant / "BUILT.json").exists():
             continue  # matrix_wheels said why (no such toolkit here)
@@ -171,6 +179,44 @@ def matrix_torch(session: Any, m: Matrix, series: str, source_tests: bool) -> No
             steps.check_load(session, results, package, "cpu", "source: load")
     _source_cuda(session, m, results, packages, cuda, label)
     results.finish()
+
+
+def _deploy_across_releases(session: Any, m: Matrix, results: Results, series: str, installed: list[str]) -> None:
+    """The deployed artifact's side of the stable ABI: this release exports
+    every op's deployment model into MATRIX_PT2/<series> with the CPU matrix
+    wheels; the packages that earlier releases of the matrix made there run
+    here, in a fresh Python and with the C++ runner built against this
+    release's libtorch (scripts/deploy_across.py, as `nox -s deploy_across`)."""
+    out = MATRIX_PT2 / series
+    shutil.rmtree(out, ignore_errors=True)
+    try:
+        session.run("python", str(DEPLOY_ACROSS), "export", str(out), *installed)
+    except steps.CommandFailed as exc:
+        for package in installed:
+            results.add(package, "cpu wheel: export .pt2", "fail", "export failed", str(exc))
+    earlier = [s for s in list(m.torches)[: list(m.torches).index(series)] if any((MATRIX_PT2 / s).glob("*/model.pt2"))]
+    if not earlier:
+        for package in installed:
+            results.add(
+                package, "cpu wheel: .pt2 of earlier torch", "skip", "none yet", f"no .pt2 of a torch before {series}"
+            )
+        return
+    for old in earlier:
+        report = steps.tmp(session, f"deploy-across-{old}") / "results.json"
+        try:
+            session.run("python", str(DEPLOY_ACROSS), "run", str(MATRIX_PT2 / old), "--json", str(report))
+        except steps.CommandFailed:
+            pass  # the report says which package failed
+        try:
+            items = json.loads(report.read_text())
+        except (OSError, ValueError):
+            items = [
+                {"module": import_name(p), "status": "fail", "detail": "deploy_across.py run did not finish"}
+                for p in installed
+            ]
+        for item in items:
+            package = item["module"].replace("_", "-")
+            results.add(package, f"cpu wheel: .pt2 of torch {old}", item["status"], item["status"], item["detail"])
 
 
 def _source_cuda(session: Any, m: Matrix, results: Results, packages: list[str], cuda: str | None, label: str) -> None:

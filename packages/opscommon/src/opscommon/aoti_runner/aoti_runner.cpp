@@ -131,6 +131,16 @@ int main(int argc, char** argv) {
     }
     std::cout << "aoti_runner: ran " << args.package << " on " << device << ": " << inputs.size()
               << " input(s), " << outputs.size() << " output(s); no libpython mapped\n";
+  } catch (const c10::Error& e) {
+    // torch's message without its C++ backtrace.
+    const std::string message = e.what_without_backtrace();
+    std::cerr << "aoti_runner: " << message << "\n";
+    if (message.find("Could not find schema") != std::string::npos) {
+      std::cerr << "aoti_runner: the package calls an operator that no loaded library registers: "
+                   "pass the op package's library with --library (`python -m <package> "
+                   "--library-path` prints it)\n";
+    }
+    return 1;
   } catch (const std::exception& e) {
     std::cerr << "aoti_runner: " << e.what() << "\n";
     return 1;
