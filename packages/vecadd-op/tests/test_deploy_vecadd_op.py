@@ -5,14 +5,9 @@ process (opscommon.deploy). Outputs must equal eager's."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-
-import pytest
 import torch
 import vecadd_op
-from opscommon import deploy
-from opscommon.testing import DEVICES, cuda_usable
+from opscommon.testing import DeployContract
 from torch import nn
 from vecadd_op._runtime import BUILD_INFO
 
@@ -32,27 +27,6 @@ class Model(nn.Module):
         return self.head(vecadd_op.add(self.inner(x), torch.tanh(x)))
 
 
-def _device(device: str) -> str:
-    if device == "cuda" and not cuda_usable(BUILD_INFO):
-        pytest.skip("needs a CUDA GPU and a CUDA build of the package")
-    return device
-
-
-@pytest.fixture(scope="module", params=DEVICES)
-def deployed(request, tmp_path_factory):
-    """(device, model, .pt2 path): exported once per device for the module."""
-    device = _device(request.param)
-    torch.manual_seed(0)
-    model = Model().to(device).eval()
-    path = tmp_path_factory.mktemp(f"deploy-{device}") / "model.pt2"
-    return device, model, deploy.export_and_package(model, example_inputs(device), DYNAMIC_SHAPES, path)
-
-
-@pytest.fixture(scope="session")
-def runner():
-    return deploy.build_runner()
-
-
 # What the export sees, and the inputs the deployed package is checked on
 # (other sizes: the batch is dynamic). scripts/deploy_across.py uses them too.
 DYNAMIC_SHAPES = ({0: torch.export.Dim("batch", min=1, max=1 << 16)},)
@@ -70,49 +44,16 @@ def sample_inputs(device: str) -> list[list[torch.Tensor]]:
     return [_inputs(device, 11), _inputs(device, 1), _inputs(device, 37)]
 
 
-def _eager(model: nn.Module, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-    with torch.no_grad():
-        return [model(*inputs)]
+class TestDeploy(DeployContract):
+    module = MODULE
+    build_info = BUILD_INFO
+    dynamic_shapes = DYNAMIC_SHAPES
 
+    def make_model(self) -> nn.Module:
+        return Model()
 
-def test_library_path_prints_the_compiled_library() -> None:
-    path = deploy.library_path(MODULE)
-    assert os.path.basename(path).startswith("_C") and path.endswith(".so")
-    assert os.path.dirname(path) == os.path.dirname(vecadd_op.__file__)
+    def example_inputs(self, device: str) -> tuple[torch.Tensor, ...]:
+        return example_inputs(device)
 
-
-def test_pt2_runs_in_a_fresh_python(deployed) -> None:
-    device, model, package = deployed
-    inputs = sample_inputs(device)[0]
-    outs = deploy.run_in_fresh_python(package, MODULE, inputs, device)
-    deploy.assert_same_outputs(outs, _eager(model, inputs), device)
-
-
-def test_pt2_runs_from_cpp_without_python(deployed, runner) -> None:
-    device, model, package = deployed
-    for inputs in sample_inputs(device)[1:]:
-        outs, log = deploy.run_in_cpp(runner, package, [deploy.library_path(MODULE)], inputs, device)
-        assert "no libpython mapped" in log
-        deploy.assert_same_outputs(outs, _eager(model, inputs), device)
-
-
-def test_cpp_runner_needs_the_op_library(deployed, runner) -> None:
-    """Without the op's library the package cannot run: the test above
-    really exercises the library loaded from the command line."""
-    device, _, package = deployed
-    with pytest.raises(RuntimeError, match="vecadd_op"):
-        deploy.run_in_cpp(runner, package, [], _inputs(device, 3), device)
-
-
-def test_cpp_runner_refuses_a_process_with_libpython(deployed, runner, tmp_path) -> None:
-    """The runner's own check fires when libpython is in its process."""
-    libpython = deploy.libpython_path()
-    if libpython is None:
-        pytest.skip("this Python has no shared libpython to preload")
-    device, _, package = deployed
-    torch.save(_inputs(device, 2), tmp_path / "in.pt")
-    cmd = [str(runner), "--library", deploy.library_path(MODULE), "--package", str(package)]
-    cmd += ["--inputs", str(tmp_path / "in.pt"), "--outputs", str(tmp_path / "out.pt"), "--device", device]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "LD_PRELOAD": libpython})
-    assert proc.returncode == 3, proc.stderr
-    assert "libpython is mapped" in proc.stderr
+    def sample_inputs(self, device: str) -> list[list[torch.Tensor]]:
+        return sample_inputs(device)

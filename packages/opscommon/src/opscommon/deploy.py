@@ -186,11 +186,12 @@ def run_in_cpp(
     inputs: Sequence[torch.Tensor],
     device: str = "cpu",
     workdir: str | os.PathLike | None = None,
+    extra_env: dict[str, str] | None = None,
 ) -> tuple[list[torch.Tensor], str]:
     """Run the ``.pt2`` ``package`` with the C++ ``runner``, which loads the
     op ``libraries`` first; returns the outputs (on the CPU) and what the
     runner printed. Raises if the runner fails, including when libpython is
-    mapped into its process."""
+    mapped into its process. ``extra_env`` is added to its environment."""
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         src, dst = Path(tmp) / "inputs.pt", Path(tmp) / "outputs.pt"
         _save_inputs(inputs, src)
@@ -200,6 +201,7 @@ def run_in_cpp(
         cmd += ["--package", os.fspath(package), "--inputs", str(src), "--outputs", str(dst), "--device", device]
         # The environment of a deployment: nothing of Python's.
         env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+        env.update(extra_env or {})
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp, env=env, timeout=600)
         if proc.returncode != 0:
             why = "libpython is mapped into the runner" if proc.returncode == 3 else "the runner failed"

@@ -73,14 +73,36 @@ def cuda_build_name(info: dict = BUILD_INFO) -> str:
     return f"a CUDA {toolkit} build (compiled with the CUDA {toolkit} toolkit against a torch built for CUDA {built})"
 
 
-def load_library(package_dir: str, info: dict = BUILD_INFO) -> str:
-    """Check the torch version, then load ``_C*.so`` into torch's dispatcher."""
-    check_torch(info)
+def library_file(package_dir: str, info: dict = BUILD_INFO) -> str:
+    """The package's compiled library ``_C*.so``: what :func:`load_library`
+    loads, and what a C++ program dlopens to register the ops."""
     candidates = sorted(glob.glob(os.path.join(package_dir, "_C*.so")))
     if not candidates:
         raise ImportError(f"{info['package']}: compiled library _C*.so not found in {package_dir}")
-    torch.ops.load_library(candidates[0])
     return candidates[0]
+
+
+def load_library(package_dir: str, info: dict = BUILD_INFO) -> str:
+    """Check the torch version, then load ``_C*.so`` into torch's dispatcher."""
+    check_torch(info)
+    path = library_file(package_dir, info)
+    torch.ops.load_library(path)
+    return path
+
+
+def command_line(package_dir: str, argv: list[str] | None = None, info: dict = BUILD_INFO) -> None:
+    """``python -m <package> --library-path``: print the compiled library's
+    path (a C++ program loads it to register the package's ops with torch's
+    dispatcher; it needs no Python, only torch's libraries)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog=f"python -m {info['package']}", description=command_line.__doc__)
+    parser.add_argument("--library-path", action="store_true", help="print the compiled library's path")
+    args = parser.parse_args(argv)
+    if not args.library_path:
+        parser.print_help()
+        return
+    print(library_file(package_dir, info))
 
 
 def register_missing_cuda(namespace: str, op_names: Iterable[str], info: dict = BUILD_INFO) -> None:

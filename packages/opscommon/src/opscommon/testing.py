@@ -860,3 +860,104 @@ def run_with_public_api_only(code: str, timeout: float = 600) -> None:
     env = dict(os.environ, OPSCOMMON_PUBLIC_API_ONLY="1")
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout)
     assert result.returncode == 0, f"public-API fallback failed:\n{result.stdout}\n{result.stderr}"
+
+
+class DeployContract:
+    """The deployment checks every op package runs (``tests/test_deploy_<op>.py``
+    subclasses this): a model that calls the op, exported with dynamic shapes
+    and compiled by AOTInductor into a ``.pt2``, runs in a fresh Python that
+    imports only torch and the op package, and from the C++ runner with no
+    Python in its process (:mod:`opscommon.deploy`); outputs equal eager's.
+
+    A subclass sets ``module`` (the import name), ``build_info`` (its
+    ``_runtime.BUILD_INFO``) and ``dynamic_shapes``, and defines
+    ``make_model()``, ``example_inputs(device)`` (what the export sees) and
+    ``sample_inputs(device)`` (at least two input lists of other sizes: the
+    first runs in Python, the rest from C++)."""
+
+    module: ClassVar[str]
+    build_info: ClassVar[dict]
+    dynamic_shapes: ClassVar[Any]
+
+    def make_model(self) -> torch.nn.Module:
+        raise NotImplementedError
+
+    def example_inputs(self, device: str) -> tuple[torch.Tensor, ...]:
+        raise NotImplementedError
+
+    def sample_inputs(self, device: str) -> list[list[torch.Tensor]]:
+        raise NotImplementedError
+
+    def eager(self, model: torch.nn.Module, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        with torch.no_grad():
+            out = model(*inputs)
+        return list(out) if isinstance(out, (tuple, list)) else [out]
+
+    @pytest.fixture(scope="class", params=DEVICES)
+    def deployed(self, request, tmp_path_factory):
+        """(device, model, .pt2 path): exported once per device for the class."""
+        from . import deploy
+
+        device = request.param
+        if device == "cuda" and not cuda_usable(self.build_info):
+            pytest.skip("needs a CUDA GPU and a CUDA build of the package")
+        torch.manual_seed(0)
+        model = self.make_model().to(device).eval()
+        path = tmp_path_factory.mktemp(f"deploy-{device}") / "model.pt2"
+        return device, model, deploy.export_and_package(model, self.example_inputs(device), self.dynamic_shapes, path)
+
+    @pytest.fixture(scope="class")
+    def runner(self):
+        from . import deploy
+
+        return deploy.build_runner()
+
+    def test_library_path_prints_the_compiled_library(self) -> None:
+        import importlib
+
+        from . import deploy
+
+        path = deploy.library_path(self.module)
+        assert os.path.basename(path).startswith("_C") and path.endswith(".so")
+        assert os.path.dirname(path) == os.path.dirname(importlib.import_module(self.module).__file__)
+
+    def test_pt2_runs_in_a_fresh_python(self, deployed) -> None:
+        from . import deploy
+
+        device, model, package = deployed
+        inputs = self.sample_inputs(device)[0]
+        outs = deploy.run_in_fresh_python(package, self.module, inputs, device)
+        deploy.assert_same_outputs(outs, self.eager(model, inputs), device)
+
+    def test_pt2_runs_from_cpp_without_python(self, deployed, runner) -> None:
+        from . import deploy
+
+        device, model, package = deployed
+        for inputs in self.sample_inputs(device)[1:]:
+            outs, log = deploy.run_in_cpp(runner, package, [deploy.library_path(self.module)], inputs, device)
+            assert "no libpython mapped" in log
+            deploy.assert_same_outputs(outs, self.eager(model, inputs), device)
+
+    def test_cpp_runner_needs_the_op_library(self, deployed, runner) -> None:
+        """Without the op's library the package cannot run: the test above
+        really exercises the library loaded from the command line."""
+        from . import deploy
+
+        device, _, package = deployed
+        with pytest.raises(RuntimeError, match=self.module):
+            deploy.run_in_cpp(runner, package, [], self.sample_inputs(device)[1], device)
+
+    def test_cpp_runner_refuses_a_process_with_libpython(self, deployed, runner) -> None:
+        """The runner's own check fires when libpython is in its process."""
+        from . import deploy
+
+        libpython = deploy.libpython_path()
+        if libpython is None:
+            pytest.skip("this Python has no shared libpython to preload")
+        device, _, package = deployed
+        libraries = [deploy.library_path(self.module)]
+        with pytest.raises(RuntimeError, match=r"libpython is mapped into the runner \(exit 3\)") as err:
+            deploy.run_in_cpp(
+                runner, package, libraries, self.sample_inputs(device)[1], device, extra_env={"LD_PRELOAD": libpython}
+            )
+        assert "libpython is mapped" in str(err.value).split("\n", 1)[1]
