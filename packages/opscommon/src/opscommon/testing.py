@@ -372,20 +372,24 @@ class DerivativeContract:
             primals = tuple(inputs[i] for i in pos)
             if self._refused("vjp", lambda: torch.func.vjp(f, *primals)[1](f(*primals))):
                 return
-            cotangents = tuple(torch.randn_like(o) for o in ref(*primals))
-            argnums = tuple(range(len(pos)))
+            self._check_reverse_mode(f, ref, primals, tuple(range(len(pos))))
 
-            def loss(fn):
-                return lambda *p: sum((o * w).sum() for o, w in zip(fn(*p), cotangents))
+    def _check_reverse_mode(self, f, ref, primals, argnums) -> None:
+        """torch.func's vjp, grad and jacrev of ``f`` equal those of ``ref``
+        (UserWarnings are failures)."""
+        cotangents = tuple(torch.randn_like(o) for o in ref(*primals))
 
-            with warnings.catch_warnings():
-                warnings.simplefilter("error", UserWarning)
-                got_vjp = torch.func.vjp(f, *primals)[1](cotangents)
-                got_grad = torch.func.grad(loss(f), argnums=argnums)(*primals)
-                got_jac = torch.func.jacrev(f, argnums=argnums)(*primals)
-            self._close(got_vjp, torch.func.vjp(ref, *primals)[1](cotangents))
-            self._close(got_grad, torch.func.grad(loss(ref), argnums=argnums)(*primals))
-            self._close(got_jac, torch.func.jacrev(ref, argnums=argnums)(*primals))
+        def loss(fn):
+            return lambda *p: sum((o * w).sum() for o, w in zip(fn(*p), cotangents))
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", UserWarning)
+            got_vjp = torch.func.vjp(f, *primals)[1](cotangents)
+            got_grad = torch.func.grad(loss(f), argnums=argnums)(*primals)
+            got_jac = torch.func.jacrev(f, argnums=argnums)(*primals)
+        self._close(got_vjp, torch.func.vjp(ref, *primals)[1](cotangents))
+        self._close(got_grad, torch.func.grad(loss(ref), argnums=argnums)(*primals))
+        self._close(got_jac, torch.func.jacrev(ref, argnums=argnums)(*primals))
 
     @pytest.mark.parametrize("device", DEVICES)
     def test_second_derivatives_match_reference(self, device: str) -> None:
@@ -485,19 +489,7 @@ class DerivativeContract:
             self._close(torch.func.jvp(f, primals, tangents), torch.func.jvp(ref, primals, tangents))
         if self._refused("vjp", lambda: torch.func.vjp(f, *primals)[1](f(*primals))):
             return
-        cotangents = tuple(torch.randn_like(o) for o in ref(*primals))
-
-        def loss(fn):
-            return lambda *p: sum((o * w).sum() for o, w in zip(fn(*p), cotangents))
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", UserWarning)
-            got_vjp = torch.func.vjp(f, *primals)[1](cotangents)
-            got_grad = torch.func.grad(loss(f), argnums=argnums)(*primals)
-            got_jac = torch.func.jacrev(f, argnums=argnums)(*primals)
-        self._close(got_vjp, torch.func.vjp(ref, *primals)[1](cotangents))
-        self._close(got_grad, torch.func.grad(loss(ref), argnums=argnums)(*primals))
-        self._close(got_jac, torch.func.jacrev(ref, argnums=argnums)(*primals))
+        self._check_reverse_mode(f, ref, primals, argnums)
 
     @pytest.mark.parametrize("device", DEVICES)
     def test_func_grad_from_threads_matches_serial(self, device: str) -> None:
