@@ -168,7 +168,13 @@ def main() -> None:
         out = Path(a.out)
         out.mkdir(parents=True, exist_ok=True)
         (out / "lltm_sequence_grid.json").write_text(json.dumps(rows, indent=1))
-        md = ["| T | B | S = F | dtype | mode | lltm_sequence ms | cuBLAS path ms | nn.LSTM ms | ratio | TFLOP/s |"]
+        device_name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+        md = [
+            f"device: {device_name}, torch {torch.__version__}; command: python bench/bench_lltm_sequence_grid.py "
+            f"--T {a.T} --B {a.B} --S {a.S} --dtypes {a.dtypes} --repeat {a.repeat}",
+            "",
+            "| T | B | S = F | dtype | mode | lltm_sequence ms | cuBLAS path ms | nn.LSTM ms | ratio | TFLOP/s |",
+        ]
         md.append("|---|---|---|---|---|---|---|---|---|---|")
         for r in rows:
             md.append(
