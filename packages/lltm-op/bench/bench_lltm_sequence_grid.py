@@ -171,7 +171,8 @@ def main() -> None:
         device_name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
         md = [
             f"device: {device_name}, torch {torch.__version__}; command: python bench/bench_lltm_sequence_grid.py "
-            f"--T {a.T} --B {a.B} --S {a.S} --dtypes {a.dtypes} --repeat {a.repeat}",
+            + ("--quick" if a.quick else f"--T {a.T} --B {a.B} --S {a.S} --dtypes {a.dtypes}")
+            + f" --repeat {a.repeat}",
             "",
             "| T | B | S = F | dtype | mode | lltm_sequence ms | cuBLAS path ms | nn.LSTM ms | ratio | TFLOP/s |",
         ]
