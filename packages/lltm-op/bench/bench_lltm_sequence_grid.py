@@ -3,6 +3,7 @@ engine's scoreboard.
 
     python bench/bench_lltm_sequence_grid.py [--out DIR] [--quick] [--repeat N]
         [--T 64,256,1024] [--B 8,64,256] [--S 128,256,512,1024] [--dtypes bf16,f16,f32]
+        [--f32-precision TF32,full]
 
 For every (T, B, S = F, dtype) of the grid: forward+backward of a whole
 sequence (gradients of every output with respect to every input) and the
@@ -109,6 +110,11 @@ def main() -> None:
     p.add_argument("--B", default="8,64,256")
     p.add_argument("--S", default="128,256,512,1024")
     p.add_argument("--dtypes", default="bf16,f16,f32")
+    p.add_argument(
+        "--f32-precision",
+        default="TF32,full",
+        help="float32's comparisons: TF32 for both, full float32 for both (default: both ways)",
+    )
     a = p.parse_args()
     device = "cpu" if a.quick or not torch.cuda.is_available() else "cuda"
     if a.quick:
@@ -116,7 +122,8 @@ def main() -> None:
     else:
         ints = lambda s: [int(v) for v in s.split(",")]  # noqa: E731
         grid = [(T, B, S, d) for d in a.dtypes.split(",") for S in ints(a.S) for B in ints(a.B) for T in ints(a.T)]
-    precisions = {"f32": [("TF32", True), ("full", False)]}
+    f32_ways = {"TF32": True, "full": False}
+    precisions = {"f32": [(w, f32_ways[w]) for w in a.f32_precision.split(",")]}
     rows = []
     header = (
         f"{'T':>5} {'B':>4} {'S':>5} {'dtype':>9} {'mode':>16} {'ours ms':>8} {'cuBLAS':>8} "
@@ -172,6 +179,7 @@ def main() -> None:
         md = [
             f"device: {device_name}, torch {torch.__version__}; command: python bench/bench_lltm_sequence_grid.py "
             + ("--quick" if a.quick else f"--T {a.T} --B {a.B} --S {a.S} --dtypes {a.dtypes}")
+            + (f" --f32-precision {a.f32_precision}" if "f32" in a.dtypes and not a.quick else "")
             + f" --repeat {a.repeat}",
             "",
             "| T | B | S = F | dtype | mode | lltm_sequence ms | cuBLAS path ms | nn.LSTM ms | ratio | TFLOP/s |",

@@ -354,10 +354,9 @@ void dispatch_half(opscommon::ScalarType dtype, const F& f) {
 
 }  // namespace
 
-std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_forward_cpu(Tensor input,
-                                                                        Tensor weights, Tensor bias,
-                                                                        Tensor old_h,
-                                                                        Tensor old_cell) {
+// allow_tf32: the CPU products have no TF32 mode (the argument is for CUDA).
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_forward_cpu(
+    Tensor input, Tensor weights, Tensor bias, Tensor old_h, Tensor old_cell, bool /*allow_tf32*/) {
   const auto dtype = input.scalar_type();
   if (!float32_products(dtype)) {
     ForwardResult r = sequence_forward<CpuDev>(input, weights, bias, old_h, old_cell);
@@ -383,7 +382,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_forward_cpu(Tensor i
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_backward_cpu(
     std::optional<Tensor> grad_outputs, std::optional<Tensor> grad_h_n,
     std::optional<Tensor> grad_c_n, Tensor input, Tensor weights, Tensor old_h, Tensor old_cell,
-    Tensor outputs, Tensor gates, Tensor cells, bool input_grad) {
+    Tensor outputs, Tensor gates, Tensor cells, bool input_grad, bool /*allow_tf32*/) {
   const auto dtype = input.scalar_type();
   if (!float32_products(dtype)) {
     BackwardResult r =
@@ -418,10 +417,14 @@ STABLE_TORCH_LIBRARY_FRAGMENT(lltm_op, m) {
   // old_h and old_cell [B, S]. outputs [T, B, S] holds the h of every step;
   // h_n and c_n are the final state. gates [T, B, 3S] (the pre-activations)
   // and cells [T, B, S] (the cell state of every step) are what the backward
-  // needs: outputs for autograd to save, not for users.
+  // needs: outputs for autograd to save, not for users. allow_tf32: float32
+  // recurrent products may run on TF32 tensor cores (CUDA, sm_80+), what
+  // torch's float32 matmul precision "high" allows its own products; the
+  // Python wrapper passes torch's setting.
   m.def(
-      "sequence_forward(Tensor input, Tensor weights, Tensor bias, Tensor old_h, Tensor old_cell) "
-      "-> (Tensor outputs, Tensor h_n, Tensor c_n, Tensor gates, Tensor cells)");
+      "sequence_forward(Tensor input, Tensor weights, Tensor bias, Tensor old_h, Tensor old_cell, "
+      "bool allow_tf32=False) -> (Tensor outputs, Tensor h_n, Tensor c_n, Tensor gates, "
+      "Tensor cells)");
   // Gradients of input (an empty [0] tensor unless input_grad), weights,
   // bias, old_h and old_cell; an absent (None) incoming gradient counts as
   // zero. The autograd of sequence_forward (sequence.py) calls this; it has
@@ -429,8 +432,8 @@ STABLE_TORCH_LIBRARY_FRAGMENT(lltm_op, m) {
   m.def(
       "sequence_backward(Tensor? grad_outputs, Tensor? grad_h_n, Tensor? grad_c_n, Tensor input, "
       "Tensor weights, Tensor old_h, Tensor old_cell, Tensor outputs, Tensor gates, Tensor cells, "
-      "bool input_grad) -> (Tensor d_input, Tensor d_weights, Tensor d_bias, Tensor d_old_h, "
-      "Tensor d_old_cell)");
+      "bool input_grad, bool allow_tf32=False) -> (Tensor d_input, Tensor d_weights, "
+      "Tensor d_bias, Tensor d_old_h, Tensor d_old_cell)");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(lltm_op, CPU, m) {

@@ -62,6 +62,9 @@ constexpr const char* kSeqBackward = "lltm_op.sequence_backward";
 
 struct Dims {
   int64_t T = 0, B = 0, F = 0, S = 0;
+  // The caller allows TF32 tensor cores for float32 recurrent products
+  // (torch's float32 matmul precision "high"; the op's allow_tf32).
+  bool tf32 = false;
 };
 
 // a * b, or an error naming the op when it would not fit in int64.
@@ -296,6 +299,7 @@ struct ForwardSteps {
   ForwardStep first;  // step 0: h_prev = h0, c_prev = c0; h_n / c_n unused
   void* h_n;
   void* c_n;
+  bool tf32;  // Dims::tf32
 };
 
 struct BackwardSteps {
@@ -310,6 +314,7 @@ struct BackwardSteps {
   const void* cells;  // [T, B, S]
   const void* c0;
   void* bias_partial;
+  bool tf32;  // Dims::tf32
 };
 
 // -- the drivers ------------------------------------------------------------------
@@ -340,9 +345,10 @@ struct ForwardResult {
 template <class Dev>
 ForwardResult sequence_forward(const Tensor& input_arg, const Tensor& weights_arg,
                                const Tensor& bias_arg, const Tensor& old_h_arg,
-                               const Tensor& old_cell_arg) {
+                               const Tensor& old_cell_arg, bool tf32 = false) {
   const char* op = kSeqForward;
-  const Dims d = check_forward_args(op, input_arg, weights_arg, bias_arg, old_h_arg, old_cell_arg);
+  Dims d = check_forward_args(op, input_arg, weights_arg, bias_arg, old_h_arg, old_cell_arg);
+  d.tf32 = tf32;
   const int64_t T = d.T, B = d.B, F = d.F, S = d.S, S3 = 3 * S, L = S + F;
   const Tensor& like = input_arg;
   ForwardResult r{alloc(op, "outputs", like, {T, B, S}), alloc(op, "h_n", like, {B, S}),
@@ -384,7 +390,8 @@ ForwardResult sequence_forward(const Tensor& input_arg, const Tensor& weights_ar
   const int64_t step_gates = B * S3 * esize, step_state = B * S * esize;
   if (fused) {
     ForwardSteps all{
-        T, B, S, step_gates, step_state, {}, r.h_n.mutable_data_ptr(), r.c_n.mutable_data_ptr()};
+        T,   B, S, step_gates, step_state, {}, r.h_n.mutable_data_ptr(), r.c_n.mutable_data_ptr(),
+        tf32};
     all.first.B = B;
     all.first.S = S;
     all.first.gates = gates;
@@ -453,12 +460,12 @@ BackwardResult sequence_backward(const std::optional<Tensor>& grad_outputs_arg,
                                  const std::optional<Tensor>& grad_c_n_arg, const Tensor& input_arg,
                                  const Tensor& weights_arg, const Tensor& old_h_arg,
                                  const Tensor& old_cell_arg, const Tensor& outputs_arg,
-                                 const Tensor& gates_arg, const Tensor& cells_arg,
-                                 bool input_grad) {
+                                 const Tensor& gates_arg, const Tensor& cells_arg, bool input_grad,
+                                 bool tf32 = false) {
   const char* op = kSeqBackward;
-  const Dims d =
-      check_backward_args(grad_outputs_arg, grad_h_n_arg, grad_c_n_arg, input_arg, weights_arg,
-                          old_h_arg, old_cell_arg, outputs_arg, gates_arg, cells_arg);
+  Dims d = check_backward_args(grad_outputs_arg, grad_h_n_arg, grad_c_n_arg, input_arg, weights_arg,
+                               old_h_arg, old_cell_arg, outputs_arg, gates_arg, cells_arg);
+  d.tf32 = tf32;
   const int64_t T = d.T, B = d.B, F = d.F, S = d.S, S3 = 3 * S, L = S + F;
   const Tensor& like = input_arg;
   BackwardResult r{
@@ -546,7 +553,8 @@ BackwardResult sequence_backward(const std::optional<Tensor>& grad_outputs_arg,
                       gates_ptr,
                       cells_ptr,
                       old_cell.const_data_ptr(),
-                      partial.mutable_data_ptr()};
+                      partial.mutable_data_ptr(),
+                      tf32};
     const bool ran = fused && Dev::backward_steps(like, all);
     for (int64_t t = t1 - 1; t >= t0 && !ran; --t) {
       BackwardStep s{};

@@ -28,9 +28,10 @@
 //   backward chunk, the blocks of a batch row block meeting at a barrier
 //   between steps (see "persistent fused path" below).
 //
-// * tensor-core path (float16 / bfloat16 on sm_80+, S a multiple of 8, all
-//   blocks resident): persistent kernels with each block's slice of W_h in
-//   shared memory for all steps and the product on mma.sync
+// * tensor-core path (float16 / bfloat16 on sm_80+, and float32 on TF32
+//   tensor cores when the call allows TF32, S a multiple of 8, all blocks
+//   resident): persistent kernels with each block's slice of W_h in shared
+//   memory for all steps and the product on mma.sync
 //   (lltm_sequence_tc.cuh); taken first wherever it applies (tc_plan).
 //
 // LLTM_OP_SEQUENCE_FUSED=0/1 forces a path (tests, benchmarks); unset, the
@@ -564,7 +565,8 @@ int resident_blocks(Kernel kernel, size_t smem, int smem_optin) {
   return per_sm;
 }
 
-// The rule: float16 / bfloat16 on sm_80+, S a multiple of 8, and a grid of
+// The rule: float16 / bfloat16 on sm_80+ (float32 too where the caller allows
+// TF32: torch's float32 matmul precision), S a multiple of 8, and a grid of
 // at most kTcMaxRows rows a block whose blocks (each with its weight slice in
 // shared memory) are all resident at once. Among the block shapes that fit,
 // the one with the most blocks (parallelism), then the widest (each block
@@ -572,6 +574,16 @@ int resident_blocks(Kernel kernel, size_t smem, int smem_optin) {
 // LLTM_OP_SEQUENCE_TENSOR_CORES=0 turns the path off; forcing the cuBLAS
 // path or the per-step launches (LLTM_OP_SEQUENCE_FUSED=0,
 // LLTM_OP_SEQUENCE_PERSISTENT=0) does too.
+//
+// Every column block re-reads its rows' whole state each step (from L2):
+// column blocks x B x S elements forward, three times that backward. Past
+// kTcMaxStateReread bytes a forward step the cuBLAS products win. Measured
+// (H100, T256, forward): float32 on TF32 at B256 S1024 re-reads 64 MiB a
+// step and took 10.1 ms against 7.1 for the cuBLAS path; at 32 MiB (B64
+// S1024, B256 S512; bfloat16 B256 S1024) the tensor-core kernels win
+// (3.5 vs 5.1, 3.6 vs 7.5, 3.8 vs 5.0 ms).
+constexpr int64_t kTcMaxStateReread = int64_t(32) << 20;
+
 template <typename T>
 TcPlan compute_tc_plan(const Dims& d, int device) {
   TcPlan best;
@@ -585,9 +597,10 @@ TcPlan compute_tc_plan(const Dims& d, int device) {
   int64_t best_blocks = 0;
   for (int q : {1, 2, 4}) {
     const int64_t gx = (d.S + 8 * q - 1) / (8 * q);
+    if (gx * d.B * d.S * static_cast<int64_t>(sizeof(T)) > kTcMaxStateReread) continue;
     for (int64_t bm = 16; bm <= tc::kTcMaxRows; bm += 16) {
       const int64_t gy = (d.B + bm - 1) / bm;
-      const size_t sf = tc::forward_smem(d.S, q, bm), sb = tc::backward_smem(d.S, q, bm);
+      const size_t sf = tc::forward_smem<T>(d.S, q, bm), sb = tc::backward_smem<T>(d.S, q, bm);
       if (sf > static_cast<size_t>(optin) || sb > static_cast<size_t>(optin)) continue;
       int per_sm = 0;
       with_q(q, [&](auto qc) {
@@ -616,7 +629,7 @@ TcPlan compute_tc_plan(const Dims& d, int device) {
 TcPlan tc_plan(const Tensor& like, const Dims& d) {
   using ST = torch::headeronly::ScalarType;
   const ST st = like.scalar_type();
-  if (st != ST::Half && st != ST::BFloat16) return {};
+  if (st != ST::Half && st != ST::BFloat16 && !(st == ST::Float && d.tf32)) return {};
   if (env_int("LLTM_OP_SEQUENCE_TENSOR_CORES", 1) == 0 ||
       env_int("LLTM_OP_SEQUENCE_FUSED", -1) == 0 ||
       env_int("LLTM_OP_SEQUENCE_PERSISTENT", 1) == 0) {
@@ -631,8 +644,9 @@ TcPlan tc_plan(const Tensor& like, const Dims& d) {
   thread_local std::optional<Key> key;
   thread_local TcPlan plan;
   if (!key || key->device != device || key->st != st || key->B != d.B || key->S != d.S) {
-    plan = st == ST::Half ? compute_tc_plan<opscommon::Half>(d, device)
-                          : compute_tc_plan<opscommon::BFloat16>(d, device);
+    plan = st == ST::Half       ? compute_tc_plan<opscommon::Half>(d, device)
+           : st == ST::BFloat16 ? compute_tc_plan<opscommon::BFloat16>(d, device)
+                                : compute_tc_plan<float>(d, device);
     key = Key{device, st, d.B, d.S};
   }
   return plan;
@@ -690,12 +704,13 @@ struct CudaDev {
     std::optional<Tensor> h0_copy;
     if (reinterpret_cast<uintptr_t>(h0) % 16 != 0) {
       h0_copy = alloc(kSeqForward, "an aligned copy of old_h", like, {a.B, a.S});
-      copy(like, h0_copy->mutable_data_ptr(), h0, a.B * a.S * 2);
+      copy(like, h0_copy->mutable_data_ptr(), h0,
+           a.B * a.S * static_cast<int64_t>(like.element_size()));
       h0 = h0_copy->const_data_ptr();
     }
     opscommon::dispatch_floating(like.scalar_type(), kSeqForward, [&](auto tag) {
       using T = decltype(tag);
-      if constexpr (sizeof(T) == 2) {
+      if constexpr (!std::is_same_v<T, double>) {
         with_q(p.q, [&](auto qc) {
           constexpr int Q = decltype(qc)::value;
           auto kernel = tc::forward_tc_kernel<T, Q>;
@@ -721,7 +736,7 @@ struct CudaDev {
     Tensor arrivals = arrival_counters(like, p.grid.y);
     opscommon::dispatch_floating(like.scalar_type(), kSeqBackward, [&](auto tag) {
       using T = decltype(tag);
-      if constexpr (sizeof(T) == 2) {
+      if constexpr (!std::is_same_v<T, double>) {
         with_q(p.q, [&](auto qc) {
           constexpr int Q = decltype(qc)::value;
           auto kernel = tc::backward_tc_kernel<T, Q>;
@@ -742,7 +757,8 @@ struct CudaDev {
   }
 
   static bool forward_steps(const Tensor& like, const ForwardSteps& a) {
-    const Dims d{a.T, a.B, 0, a.S};
+    Dims d{a.T, a.B, 0, a.S};
+    d.tf32 = a.tf32;
     if (const TcPlan p = tc_plan(like, d); p.ok) return forward_steps_tc(like, a, p);
     const int device = like.get_device();
     const dim3 grid = fused_grid(a.B, a.S);
@@ -766,7 +782,8 @@ struct CudaDev {
   }
 
   static bool backward_steps(const Tensor& like, const BackwardSteps& a) {
-    const Dims d{a.T, a.B, 0, a.S};
+    Dims d{a.T, a.B, 0, a.S};
+    d.tf32 = a.tf32;
     if (const TcPlan p = tc_plan(like, d); p.ok) return backward_steps_tc(like, a, p);
     const int device = like.get_device();
     const dim3 grid = fused_grid(a.B, a.S);
@@ -905,24 +922,23 @@ struct CudaDev {
 
 }  // namespace
 
-std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_forward_cuda(Tensor input,
-                                                                         Tensor weights,
-                                                                         Tensor bias, Tensor old_h,
-                                                                         Tensor old_cell) {
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_forward_cuda(
+    Tensor input, Tensor weights, Tensor bias, Tensor old_h, Tensor old_cell, bool allow_tf32) {
   check_operand(kSeqForward, "input", input);
   opscommon::DeviceGuard guard(input.get_device());
-  ForwardResult r = sequence_forward<CudaDev>(input, weights, bias, old_h, old_cell);
+  ForwardResult r = sequence_forward<CudaDev>(input, weights, bias, old_h, old_cell, allow_tf32);
   return {r.outputs, r.h_n, r.c_n, r.gates, r.cells};
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_backward_cuda(
     std::optional<Tensor> grad_outputs, std::optional<Tensor> grad_h_n,
     std::optional<Tensor> grad_c_n, Tensor input, Tensor weights, Tensor old_h, Tensor old_cell,
-    Tensor outputs, Tensor gates, Tensor cells, bool input_grad) {
+    Tensor outputs, Tensor gates, Tensor cells, bool input_grad, bool allow_tf32) {
   check_operand(kSeqBackward, "input", input);
   opscommon::DeviceGuard guard(input.get_device());
-  BackwardResult r = sequence_backward<CudaDev>(grad_outputs, grad_h_n, grad_c_n, input, weights,
-                                                old_h, old_cell, outputs, gates, cells, input_grad);
+  BackwardResult r =
+      sequence_backward<CudaDev>(grad_outputs, grad_h_n, grad_c_n, input, weights, old_h, old_cell,
+                                 outputs, gates, cells, input_grad, allow_tf32);
   return {r.d_input, r.d_weights, r.d_bias, r.d_old_h, r.d_old_cell};
 }
 

@@ -1,7 +1,9 @@
-// lltm_op: the tensor-core persistent kernels of the LLTM sequence (float16
-// and bfloat16, sm_80+). Included by lltm_sequence_cuda.cu inside its
-// anonymous namespace (it uses that file's to_acc / to_storage / MathFor and
-// row_barrier).
+// lltm_op: the tensor-core persistent kernels of the LLTM sequence (sm_80+):
+// float16 and bfloat16 on mma.sync.m16n8k16, and float32 on TF32 tensor cores
+// (mma.sync.m16n8k8, operands rounded to TF32, float32 accumulation) where
+// the caller allows TF32 as torch's float32 matmul setting does. Included by
+// lltm_sequence_cuda.cu inside its anonymous namespace (it uses that file's
+// to_acc / to_storage / MathFor and row_barrier).
 //
 // One launch runs every step of the forward (or of a backward chunk). The
 // grid is (column blocks) x (batch blocks), all resident at once:
@@ -13,8 +15,8 @@
 //   layout of the tensor cores' B operand, and stays there for every step;
 // * each step, the block's warps multiply the previous step's state rows
 //   (h_{t-1} forward, dG_{t+1} backward; written by other blocks, read from
-//   L2 straight into A-operand registers) by that slice with
-//   mma.sync.m16n8k16 (float32 accumulation), split over the k dimension
+//   L2 straight into A-operand registers) by that slice with mma.sync
+//   (float32 accumulation), split over the k dimension
 //   when the block has fewer 16-row tiles than warps (then reduced in shared
 //   memory), and finish the cell in registers: an accumulator element of
 //   gate g sits in the same thread, at the same (row, column), for all three
@@ -35,18 +37,48 @@ constexpr int kTcThreads = 32 * kTcWarps;
 // better engine (the block would re-read too much state a step).
 constexpr int64_t kTcMaxRows = 128;
 
+// The raw bits of an element (16 or 32 of them).
 template <typename T>
-__device__ __forceinline__ uint16_t bits_of(T v) {
-  uint16_t b;
+using Bits = std::conditional_t<sizeof(T) == 2, uint16_t, uint32_t>;
+template <typename T>
+__device__ __forceinline__ Bits<T> bits_of(T v) {
+  Bits<T> b;
   memcpy(&b, &v, sizeof(b));
   return b;
 }
 
-// D += A B for one 16x8x16 tile (row-major A, column-major B, float32 D).
-template <typename T>
-__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint2 b) {
+// float32 to TF32 (round to nearest, ties away; the low 13 bits zero), as
+// cuBLAS rounds float32 operands for TF32 tensor cores.
+__device__ __forceinline__ uint32_t to_tf32(uint32_t f) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  if constexpr (std::is_same_v<T, opscommon::BFloat16>) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "r"(f));
+  return r;
+#else
+  return f;
+#endif
+}
+
+// Elements of k a thread loads per row and chunk (16 bytes), and the chunk:
+// four threads side by side, two k tiles of the mma (k16 for 16-bit types,
+// k8 for TF32).
+template <typename T>
+constexpr int kPerThread = 16 / static_cast<int>(sizeof(T));
+template <typename T>
+constexpr int kChunk = 4 * kPerThread<T>;
+
+// D += A B for one k tile (16x8x16 for 16-bit types, 16x8x8 for TF32;
+// row-major A, column-major B, float32 D).
+template <typename T>
+__device__ __forceinline__ void mma_tile(float (&d)[4], const uint32_t (&a)[4], uint2 b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (std::is_same_v<T, float>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b.x), "r"(b.y));
+  } else if constexpr (std::is_same_v<T, opscommon::BFloat16>) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
         "{%8,%9}, {%0,%1,%2,%3};\n"
@@ -73,13 +105,20 @@ struct Split {
   }
 };
 
-// The k dimension is read in chunks of 32: a thread loads 8 consecutive
-// elements (16 bytes) of each of its two rows per chunk, and the chunk's two
-// 16-wide k tiles are a permutation of those 32 k values, the same one in
-// the weight fragments (see load_weights): logical k l of tile 2c + sub is
-// k = 32c + 8 (l % 8 / 2) + 4 sub + 2 (l / 8) + l % 2.
+// The k dimension is read in chunks (kChunk: 32 for 16-bit types, 16 for
+// float32): a thread loads 16 consecutive bytes of each of its two rows per
+// chunk, and the chunk's two k tiles are a permutation of its k values, the
+// same one in the weight fragments (see load_weights), such that the loaded
+// registers are the A fragments as they are. Logical k l of tile 2c + sub:
+//   16-bit: k = 32c + 8 (l % 8 / 2) + 4 sub + 2 (l / 8) + l % 2  (l < 16)
+//   TF32:   k = 16c + 4 (l % 4) + 2 sub + l / 4                  (l < 8)
+template <typename T>
 __device__ __forceinline__ int64_t permuted_k(int64_t kt, int l) {
-  return 32 * (kt / 2) + 8 * ((l % 8) / 2) + 4 * (kt % 2) + 2 * (l / 8) + l % 2;
+  if constexpr (sizeof(T) == 4) {
+    return 16 * (kt / 2) + 4 * (l % 4) + 2 * (kt % 2) + l / 4;
+  } else {
+    return 32 * (kt / 2) + 8 * ((l % 8) / 2) + 4 * (kt % 2) + 2 * (l / 8) + l % 2;
+  }
 }
 
 // Shared memory of a block: the weight slice (KT x NT fragments of 32 lanes
@@ -90,33 +129,48 @@ __host__ __device__ inline size_t weight_bytes(int64_t KT, int NT) {
 __host__ __device__ inline size_t reduce_bytes(const Split& s, int nacc) {
   return static_cast<size_t>(s.KS - 1) * s.I * nacc * 32 * sizeof(float);
 }
+// k tiles of a K-long product.
+template <typename T>
+__host__ __device__ inline int64_t k_tiles(int64_t K) {
+  return 2 * ((K + kChunk<T> - 1) / kChunk<T>);
+}
+template <typename T>
 inline size_t forward_smem(int64_t S, int Q, int64_t bm) {
   const Split s(bm);
-  return weight_bytes(2 * ((S + 31) / 32), 3 * Q) + reduce_bytes(s, 12 * Q);
+  return weight_bytes(k_tiles<T>(S), 3 * Q) + reduce_bytes(s, 12 * Q);
 }
+template <typename T>
 inline size_t backward_smem(int64_t S, int Q, int64_t bm) {
   const Split s(bm);
-  return weight_bytes(2 * ((3 * S + 31) / 32), Q) + reduce_bytes(s, 4 * Q) +
+  return weight_bytes(k_tiles<T>(3 * S), Q) + reduce_bytes(s, 4 * Q) +
          static_cast<size_t>(s.I) * 3 * 8 * Q * sizeof(float);
 }
 
 // Fill the block's weight fragments: fragment (kt, nt) of lane l holds the
-// B operand of k tile kt (logical rows 2 (l % 4) + {0, 1} and + {8, 9}, each
-// mapped to its k by permuted_k), column l / 4 of tile nt; `w(k, nt, n)`
+// B operand of k tile kt, column l / 4 of tile nt: logical rows
+// 2 (l % 4) + {0, 1} and + {8, 9} (16-bit types, two to a register) or
+// l % 4 and + 4 (TF32), each mapped to its k by permuted_k; `w(k, nt, n)`
 // returns the bits of one element (zero outside the matrix).
-template <typename Fn>
+template <typename T, typename Fn>
 __device__ __forceinline__ void load_weights(uint2* frag, int64_t KT, int NT, Fn w) {
   for (int64_t e = threadIdx.x; e < KT * NT * 32; e += blockDim.x) {
     const int lane = static_cast<int>(e % 32);
     const int64_t tile = e / 32;
     const int nt = static_cast<int>(tile % NT);
     const int64_t kt = tile / NT;
-    const int l = 2 * (lane & 3);  // logical k of b0's first element
     const int n = lane >> 2;
     uint2 f;
-    f.x = uint32_t(w(permuted_k(kt, l), nt, n)) | (uint32_t(w(permuted_k(kt, l + 1), nt, n)) << 16);
-    f.y = uint32_t(w(permuted_k(kt, l + 8), nt, n)) |
-          (uint32_t(w(permuted_k(kt, l + 9), nt, n)) << 16);
+    if constexpr (sizeof(T) == 4) {
+      const int l = lane & 3;
+      f.x = to_tf32(w(permuted_k<T>(kt, l), nt, n));
+      f.y = to_tf32(w(permuted_k<T>(kt, l + 4), nt, n));
+    } else {
+      const int l = 2 * (lane & 3);  // logical k of b0's first element
+      f.x = uint32_t(w(permuted_k<T>(kt, l), nt, n)) |
+            (uint32_t(w(permuted_k<T>(kt, l + 1), nt, n)) << 16);
+      f.y = uint32_t(w(permuted_k<T>(kt, l + 8), nt, n)) |
+            (uint32_t(w(permuted_k<T>(kt, l + 9), nt, n)) << 16);
+    }
     frag[e] = f;
   }
   __syncthreads();
@@ -125,17 +179,24 @@ __device__ __forceinline__ void load_weights(uint2* frag, int64_t KT, int NT, Fn
 constexpr int kGroup = 4;  // chunks whose loads are in flight together
 
 // Loads of chunks c .. c + kGroup - 1 of both rows (zero past chunk c1 and
-// past the row's K elements, K a multiple of 8: a thread's 8 are all in or
-// all out).
-__device__ __forceinline__ void load_group(uint4 (&v)[kGroup][2], const void* ra, const void* rb,
+// past the row's K elements, K a multiple of 8: a thread's 16 bytes are all
+// in or all out).
+template <typename T>
+__device__ __forceinline__ void load_group(uint4 (&v)[kGroup][2], const T* ra, const T* rb,
                                            int64_t K, int64_t c, int64_t c1) {
   const int tig = threadIdx.x & 3;
 #pragma unroll
   for (int u = 0; u < kGroup; ++u) {
-    const int64_t off = (c + u) * 32 + 8 * tig;  // elements
+    const int64_t off = (c + u) * kChunk<T> + kPerThread<T> * tig;  // elements
     if (c + u < c1 && off < K) {
-      v[u][0] = __ldcg(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(ra) + off));
-      v[u][1] = __ldcg(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(rb) + off));
+      v[u][0] = __ldcg(reinterpret_cast<const uint4*>(ra + off));
+      v[u][1] = __ldcg(reinterpret_cast<const uint4*>(rb + off));
+      if constexpr (sizeof(T) == 4) {
+        v[u][0] = make_uint4(to_tf32(v[u][0].x), to_tf32(v[u][0].y), to_tf32(v[u][0].z),
+                             to_tf32(v[u][0].w));
+        v[u][1] = make_uint4(to_tf32(v[u][1].x), to_tf32(v[u][1].y), to_tf32(v[u][1].z),
+                             to_tf32(v[u][1].w));
+      }
     } else {
       v[u][0] = make_uint4(0, 0, 0, 0);
       v[u][1] = make_uint4(0, 0, 0, 0);
@@ -154,15 +215,15 @@ __device__ __forceinline__ void mma_group(float (&acc)[NT][4], const uint4 (&v)[
     const uint32_t hi[4] = {v[u][0].z, v[u][1].z, v[u][0].w, v[u][1].w};
     const uint2* f = frag + (c + u) * 2 * NT * 32 + lane;
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) mma16816<T>(acc[nt], lo, f[nt * 32]);
+    for (int nt = 0; nt < NT; ++nt) mma_tile<T>(acc[nt], lo, f[nt * 32]);
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) mma16816<T>(acc[nt], hi, f[(NT + nt) * 32]);
+    for (int nt = 0; nt < NT; ++nt) mma_tile<T>(acc[nt], hi, f[(NT + nt) * 32]);
   }
 }
 
 // acc[nt] += A[rows ra, rb; chunks c0 .. c1) @ fragments. A is row-major with
-// K columns, its rows 16-byte aligned, K a multiple of 8. A is read from L2 (other blocks of this
-// launch wrote it), two groups of chunks in flight.
+// K columns, its rows 16-byte aligned, K a multiple of 8. A is read from L2
+// (other blocks of this launch wrote it), two groups of chunks in flight.
 template <typename T, int NT>
 __device__ __forceinline__ void tile_product(float (&acc)[NT][4], const T* a_ra, const T* a_rb,
                                              int64_t K, int64_t c0, int64_t c1, const uint2* frag) {
@@ -207,6 +268,11 @@ __device__ __forceinline__ void reduce_k_split(float* acc, float* red, const Spl
 // backward, the bias), and the next step's inputs that no other block
 // writes are loaded before the barrier, so their latency hides behind it.
 
+// Two neighbouring columns of one row: packed in one register (16-bit
+// types) or a float2 (float32).
+template <typename T>
+using Pair = std::conditional_t<sizeof(T) == 2, uint32_t, float2>;
+
 template <typename T>
 __device__ __forceinline__ T from_bits(uint16_t b) {
   T v;
@@ -214,31 +280,47 @@ __device__ __forceinline__ T from_bits(uint16_t b) {
   return v;
 }
 template <typename T>
-__device__ __forceinline__ float low_of(uint32_t w) {
-  return to_acc(from_bits<T>(static_cast<uint16_t>(w & 0xffffu)));
+__device__ __forceinline__ float elem_of(Pair<T> w, int e) {
+  if constexpr (sizeof(T) == 4) {
+    return e ? w.y : w.x;
+  } else {
+    return to_acc(from_bits<T>(static_cast<uint16_t>(e ? w >> 16 : w & 0xffffu)));
+  }
+}
+// Two elements at p, p + 1 read one at a time (p may be aligned to one
+// element only: the caller's c0 and bias).
+template <typename T>
+__device__ __forceinline__ Pair<T> load_two(const T* p) {
+  if constexpr (sizeof(T) == 4) {
+    return make_float2(p[0], p[1]);
+  } else {
+    return uint32_t(bits_of(p[0])) | (uint32_t(bits_of(p[1])) << 16);
+  }
+}
+// Two elements at p in one access, p aligned to the pair (buffers this op
+// allocated, even offsets).
+template <typename T>
+__device__ __forceinline__ Pair<T> load_pair(const T* p) {
+  return *reinterpret_cast<const Pair<T>*>(p);
 }
 template <typename T>
-__device__ __forceinline__ float high_of(uint32_t w) {
-  return to_acc(from_bits<T>(static_cast<uint16_t>(w >> 16)));
+__device__ __forceinline__ void store_pair(T* p, Pair<T> v) {
+  *reinterpret_cast<Pair<T>*>(p) = v;
 }
-template <typename T>
-__device__ __forceinline__ float elem_of(uint32_t w, int e) {
-  return e ? high_of<T>(w) : low_of<T>(w);
-}
-// Two elements at p, p + 1 read one at a time (p may be 2-byte aligned only).
-template <typename T>
-__device__ __forceinline__ uint32_t load_two(const T* p) {
-  return uint32_t(bits_of(p[0])) | (uint32_t(bits_of(p[1])) << 16);
-}
-// Two elements to p, 4-byte aligned (buffers this op allocated, even offsets).
-__device__ __forceinline__ void store_pair(void* p, uint32_t v) { *static_cast<uint32_t*>(p) = v; }
 
+// a, b rounded to T, packed; ra, rb: the rounded values.
 template <typename T>
-__device__ __forceinline__ uint32_t pack_rounded(float a, float b, float& ra, float& rb) {
-  const T x = to_storage<T>(a), y = to_storage<T>(b);
-  ra = to_acc(x);
-  rb = to_acc(y);
-  return uint32_t(bits_of(x)) | (uint32_t(bits_of(y)) << 16);
+__device__ __forceinline__ Pair<T> pack_rounded(float a, float b, float& ra, float& rb) {
+  if constexpr (sizeof(T) == 4) {
+    ra = a;
+    rb = b;
+    return make_float2(a, b);
+  } else {
+    const T x = to_storage<T>(a), y = to_storage<T>(b);
+    ra = to_acc(x);
+    rb = to_acc(y);
+    return uint32_t(bits_of(x)) | (uint32_t(bits_of(y)) << 16);
+  }
 }
 
 // -- forward --------------------------------------------------------------------------------
@@ -251,13 +333,13 @@ __global__ void __launch_bounds__(kTcThreads, 1)
   constexpr int NT = 3 * Q, NACC = 4 * NT;
   extern __shared__ __align__(16) unsigned char smem[];
   const Split sp(bm);
-  const int64_t KC = (S + 31) / 32, KT = 2 * KC;  // k chunks of 32, tiles of 16
+  const int64_t KC = (S + kChunk<T> - 1) / kChunk<T>, KT = 2 * KC;  // k chunks, tiles
   uint2* frag = reinterpret_cast<uint2*>(smem);
   float* red = reinterpret_cast<float*>(smem + weight_bytes(KT, NT));
   const int64_t j0 = static_cast<int64_t>(blockIdx.x) * 8 * Q;
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * bm;
   // Tile nt = g * Q + q: gate g, columns j0 + 8q .. + 7. W_h^T is [S, 3S].
-  load_weights(frag, KT, NT, [&](int64_t k, int nt, int n) -> uint16_t {
+  load_weights<T>(frag, KT, NT, [&](int64_t k, int nt, int n) -> uint32_t {
     const int64_t j = j0 + 8 * (nt % Q) + n;
     if (k >= S || j >= S) return 0;
     return bits_of(w_hT[k * 3 * S + (nt / Q) * S + j]);
@@ -272,7 +354,7 @@ __global__ void __launch_bounds__(kTcThreads, 1)
   auto at = [&](int half, int q) { return (row_base + 8 * half) * S + col_base + 8 * q; };
 
   float c_reg[Q][2][2] = {}, b_reg[3][Q][2] = {};
-  uint32_t p_next[3][Q][2] = {};  // P_t of (gate, q, half): two columns
+  Pair<T> p_next[3][Q][2] = {};  // P_t of (gate, q, half): two columns
   auto prefetch_p = [&](int64_t t) {
     const T* g_t = gates + t * step_gates;
 #pragma unroll
@@ -282,8 +364,7 @@ __global__ void __launch_bounds__(kTcThreads, 1)
         if (!valid(half, q)) continue;
         const int64_t row = row_base + 8 * half, j = col_base + 8 * q;
 #pragma unroll
-        for (int g = 0; g < 3; ++g)
-          p_next[g][q][half] = *reinterpret_cast<const uint32_t*>(g_t + row * S3 + g * S + j);
+        for (int g = 0; g < 3; ++g) p_next[g][q][half] = load_pair(g_t + row * S3 + g * S + j);
       }
     }
   };
@@ -293,16 +374,16 @@ __global__ void __launch_bounds__(kTcThreads, 1)
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         if (!valid(half, q)) continue;
-        const uint32_t c2 = load_two(c0 + at(half, q));
-        c_reg[q][half][0] = low_of<T>(c2);
-        c_reg[q][half][1] = high_of<T>(c2);
+        const Pair<T> c2 = load_two(c0 + at(half, q));
+        c_reg[q][half][0] = elem_of<T>(c2, 0);
+        c_reg[q][half][1] = elem_of<T>(c2, 1);
       }
 #pragma unroll
       for (int g = 0; g < 3; ++g) {
         if (col_base + 8 * q >= S) continue;
-        const uint32_t b2 = load_two(bias + g * S + col_base + 8 * q);
-        b_reg[g][q][0] = low_of<T>(b2);
-        b_reg[g][q][1] = high_of<T>(b2);
+        const Pair<T> b2 = load_two(bias + g * S + col_base + 8 * q);
+        b_reg[g][q][0] = elem_of<T>(b2, 0);
+        b_reg[g][q][1] = elem_of<T>(b2, 1);
       }
     }
     prefetch_p(0);
@@ -330,9 +411,9 @@ __global__ void __launch_bounds__(kTcThreads, 1)
           float pre[3][2];
 #pragma unroll
           for (int g = 0; g < 3; ++g) {
-            const uint32_t packed = pack_rounded<T>(
-                low_of<T>(p_next[g][q][half]) + acc[g * Q + q][2 * half] + b_reg[g][q][0],
-                high_of<T>(p_next[g][q][half]) + acc[g * Q + q][2 * half + 1] + b_reg[g][q][1],
+            const Pair<T> packed = pack_rounded<T>(
+                elem_of<T>(p_next[g][q][half], 0) + acc[g * Q + q][2 * half] + b_reg[g][q][0],
+                elem_of<T>(p_next[g][q][half], 1) + acc[g * Q + q][2 * half + 1] + b_reg[g][q][1],
                 pre[g][0], pre[g][1]);
             store_pair(g_t + row * S3 + g * S + j, packed);
           }
@@ -342,8 +423,8 @@ __global__ void __launch_bounds__(kTcThreads, 1)
             cell_forward_math<float, MathFor<T>>(pre[0][e], pre[1][e], pre[2][e], c_reg[q][half][e],
                                                  nh[e], nc[e]);
           }
-          const uint32_t hv = pack_rounded<T>(nh[0], nh[1], nh[0], nh[1]);
-          const uint32_t cv = pack_rounded<T>(nc[0], nc[1], c_reg[q][half][0], c_reg[q][half][1]);
+          const Pair<T> hv = pack_rounded<T>(nh[0], nh[1], nh[0], nh[1]);
+          const Pair<T> cv = pack_rounded<T>(nc[0], nc[1], c_reg[q][half][0], c_reg[q][half][1]);
           store_pair(outs + t * step_state + i, hv);
           store_pair(cells + t * step_state + i, cv);
           if (last) {
@@ -371,14 +452,14 @@ __global__ void __launch_bounds__(kTcThreads, 1)
   constexpr int NT = Q, NACC = 4 * NT, NJ = 8 * Q;
   extern __shared__ __align__(16) unsigned char smem[];
   const Split sp(bm);
-  const int64_t S3 = 3 * S, KC = (S3 + 31) / 32, KT = 2 * KC;
+  const int64_t S3 = 3 * S, KC = (S3 + kChunk<T> - 1) / kChunk<T>, KT = 2 * KC;
   uint2* frag = reinterpret_cast<uint2*>(smem);
   float* red = reinterpret_cast<float*>(smem + weight_bytes(KT, NT));
   float* bsum = red + reduce_bytes(sp, NACC) / sizeof(float);  // [I][3 * NJ]
   const int64_t j0 = static_cast<int64_t>(blockIdx.x) * NJ;
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * bm;
   // Tile nt: columns j0 + 8 nt .. + 7 of W_h ([3S, S], rows of stride ld).
-  load_weights(frag, KT, NT, [&](int64_t k, int nt, int n) -> uint16_t {
+  load_weights<T>(frag, KT, NT, [&](int64_t k, int nt, int n) -> uint32_t {
     const int64_t j = j0 + 8 * nt + n;
     if (k >= S3 || j >= S) return 0;
     return bits_of(w_h[k * ld + j]);
@@ -396,7 +477,7 @@ __global__ void __launch_bounds__(kTcThreads, 1)
   float dc_reg[Q][2][2] = {};
   // Step t's inputs, fetched ahead: grad_outputs[t] (+ grad_h_n at the
   // last step), G_t of the three gates, c_{t-1}; two columns a register.
-  uint32_t n_go[Q][2] = {}, n_g[3][Q][2] = {}, n_c[Q][2] = {};
+  Pair<T> n_go[Q][2] = {}, n_g[3][Q][2] = {}, n_c[Q][2] = {};
   auto prefetch = [&](int64_t t) {
     const T* g_t = gates + t * step_gates;
     const T* c_prev = t ? cells + (t - 1) * step_state : c0;
@@ -406,7 +487,7 @@ __global__ void __launch_bounds__(kTcThreads, 1)
       for (int q = 0; q < Q; ++q) {
         if (!valid(half, q)) continue;
         const int64_t i = at(half, q), row = row_base + 8 * half, j = col_base + 8 * q;
-        n_go[q][half] = go != nullptr ? load_two(go + t * step_state + i) : 0u;
+        n_go[q][half] = go != nullptr ? load_two(go + t * step_state + i) : Pair<T>{};
 #pragma unroll
         for (int g = 0; g < 3; ++g) n_g[g][q][half] = load_two(g_t + row * S3 + g * S + j);
         n_c[q][half] = load_two(c_prev + i);
@@ -420,9 +501,9 @@ __global__ void __launch_bounds__(kTcThreads, 1)
 #pragma unroll
       for (int q = 0; q < Q; ++q) {
         if (!valid(half, q) || dc_in == nullptr) continue;
-        const uint32_t d2 = load_two(dc_in + at(half, q));
-        dc_reg[q][half][0] = low_of<T>(d2);
-        dc_reg[q][half][1] = high_of<T>(d2);
+        const Pair<T> d2 = load_two(dc_in + at(half, q));
+        dc_reg[q][half][0] = elem_of<T>(d2, 0);
+        dc_reg[q][half][1] = elem_of<T>(d2, 1);
       }
     }
     prefetch(t1 - 1);

@@ -884,8 +884,19 @@ def _cuda_kernel_names(fn) -> list[str]:
     return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
 
 
+@contextlib.contextmanager
+def tf32_matmul(allowed: bool):
+    """torch's float32 matmul setting (TF32 tensor cores or not), restored."""
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = allowed
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
+
+
 @pytest.mark.cuda
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
 @pytest.mark.parametrize(
     "size",
     [
@@ -900,8 +911,9 @@ def _cuda_kernel_names(fn) -> list[str]:
     ids=str,
 )
 def test_cuda_tensor_core_kernels_run_and_match_the_reference(dtype, size):
-    """The tensor-core persistent kernels (sm_80+): they run (one launch for
-    the forward, one per backward chunk) and match float64 on sizes off every
+    """The tensor-core persistent kernels (sm_80+; float32 on TF32 tensor
+    cores, with torch's TF32 setting on): they run (one launch for the
+    forward, one per backward chunk) and match float64 on sizes off every
     tile: B below one 16-row tile and past it (3, 70, 300: several batch
     blocks), S = 8 and 40 (a half-filled k tile), T = 1, several chunks."""
     need("cuda")
@@ -909,9 +921,10 @@ def test_cuda_tensor_core_kernels_run_and_match_the_reference(dtype, size):
         pytest.skip("the tensor-core kernels need sm_80 or newer")
     T, B, F, S = size
     gen = torch.Generator().manual_seed(sum(size))
-    limit = {torch.float16: 1e-2, torch.bfloat16: 3e-2}[dtype]
+    # float32 on TF32: products of operands rounded to 10-bit mantissas.
+    limit = {torch.float16: 1e-2, torch.bfloat16: 3e-2, torch.float32: 5e-3}[dtype]
     chunks = min(2, T)
-    with env(LLTM_OP_SEQUENCE_TENSOR_CORES="1", LLTM_OP_SEQUENCE_CHUNKS=chunks):
+    with env(LLTM_OP_SEQUENCE_TENSOR_CORES="1", LLTM_OP_SEQUENCE_CHUNKS=chunks), tf32_matmul(True):
         args = [t.requires_grad_() for t in make_args(*size, dtype=dtype, device="cuda", generator=gen)]
         ref_args = [t.detach().double().cpu().requires_grad_() for t in args]
         ref = flat(reference(*ref_args))
@@ -931,6 +944,36 @@ def test_cuda_tensor_core_kernels_run_and_match_the_reference(dtype, size):
         assert rel_err(o.cpu(), r) <= limit, name
     for name, a, r in zip(("input", "weights", "bias", "old_h", "old_cell"), args, ref_args):
         assert rel_err(a.grad.cpu(), r.grad) <= limit, f"grad of {name}"
+
+
+@pytest.mark.cuda
+def test_cuda_float32_uses_tf32_only_where_torch_allows_it():
+    """float32 follows torch's float32 matmul setting: with TF32 off (torch's
+    default, precision "highest") no tensor-core kernel runs and the result
+    has float32's accuracy; with it on (precision "high") the TF32 kernels
+    run, also when the call is traced by torch.compile."""
+    need("cuda")
+    if torch.cuda.get_device_capability()[0] < 8:
+        pytest.skip("the tensor-core kernels need sm_80 or newer")
+    T, B, F, S = 6, 16, 8, 64
+    args = make_args(T, B, F, S, dtype=torch.float32, device="cuda", generator=torch.Generator().manual_seed(3))
+    want = flat(reference(*(t.double().cpu() for t in args)))
+    compiled = torch.compile(lltm_sequence, fullgraph=True, dynamic=False)
+    for allowed, run in ((False, lltm_sequence), (True, lltm_sequence), (False, compiled), (True, compiled)):
+        got = []
+        with tf32_matmul(allowed):
+            names = _cuda_kernel_names(lambda run=run, got=got: got.extend(flat(run(*args))))
+        assert any("forward_tc_kernel" in n for n in names) == allowed, (allowed, names)
+        limit = 5e-3 if allowed else 1e-5
+        for g, r in zip(got, want):
+            assert rel_err(g.cpu().double(), r) <= limit, allowed
+    with tf32_matmul(False):
+        torch.set_float32_matmul_precision("high")
+        try:
+            names = _cuda_kernel_names(lambda: lltm_sequence(*args))
+        finally:
+            torch.set_float32_matmul_precision("highest")
+    assert any("forward_tc_kernel" in n for n in names), names
 
 
 @pytest.mark.cuda

@@ -93,7 +93,7 @@ def _check_like(op: str, arg: str, t: Tensor, input: Tensor, shape) -> None:
 
 
 @torch.library.register_fake("lltm_op::sequence_forward")
-def _sequence_forward_fake(input, weights, bias, old_h, old_cell):
+def _sequence_forward_fake(input, weights, bias, old_h, old_cell, allow_tf32=False):
     T, B, F, S = _check_forward(OP_FORWARD, input, weights, bias, old_h, old_cell)
     return (
         input.new_empty((T, B, S)),
@@ -106,7 +106,18 @@ def _sequence_forward_fake(input, weights, bias, old_h, old_cell):
 
 @torch.library.register_fake("lltm_op::sequence_backward")
 def _sequence_backward_fake(
-    grad_outputs, grad_h_n, grad_c_n, input, weights, old_h, old_cell, outputs, gates, cells, input_grad
+    grad_outputs,
+    grad_h_n,
+    grad_c_n,
+    input,
+    weights,
+    old_h,
+    old_cell,
+    outputs,
+    gates,
+    cells,
+    input_grad,
+    allow_tf32=False,
 ):
     op = OP_BACKWARD
     _runtime.check_dtype(op, "input", input, _FLOATING)
@@ -180,7 +191,18 @@ def _sequence_jvp_torch(input, weights, old_h, outputs, gates, cells, t_input, t
 
 
 def _sequence_backward_torch(
-    grad_outputs, grad_h_n, grad_c_n, input, weights, old_h, old_cell, outputs, gates, cells, input_grad
+    grad_outputs,
+    grad_h_n,
+    grad_c_n,
+    input,
+    weights,
+    old_h,
+    old_cell,
+    outputs,
+    gates,
+    cells,
+    input_grad,
+    allow_tf32=False,
 ):
     """lltm_op::sequence_backward as differentiable torch ops (what its
     kernel computes, from the same arguments)."""
@@ -271,7 +293,7 @@ def _saved(ctx):
 def _backward(ctx, grad_outputs, grad_h_n, grad_c_n, _grad_gates=None, _grad_cells=None):
     needs = ctx.needs_input_grad
     if (grad_outputs is None and grad_h_n is None and grad_c_n is None) or not any(needs):
-        return None, None, None, None, None
+        return None, None, None, None, None, None
     input, weights, old_h, old_cell, outputs, gates, cells = _saved(ctx)
     # Below autograd: the fused kernel (the op's own derivative, torch ops,
     # is for direct calls; see _NoDoubleBackward for this one's).
@@ -288,6 +310,7 @@ def _backward(ctx, grad_outputs, grad_h_n, grad_c_n, _grad_gates=None, _grad_cel
             gates,
             cells,
             bool(needs[0]),
+            ctx.allow_tf32,
         )
     grads = [
         d_input if needs[0] else None,
@@ -302,7 +325,7 @@ def _backward(ctx, grad_outputs, grad_h_n, grad_c_n, _grad_gates=None, _grad_cel
         wrapped = _NoDoubleBackward.apply(len(present), *(grads[k] for k in present), *deps)
         for k, g in zip(present, wrapped):
             grads[k] = g
-    return tuple(grads)
+    return (*grads, None)  # allow_tf32: a flag
 
 
 class _SequenceFunction(torch.autograd.Function):
@@ -313,8 +336,10 @@ class _SequenceFunction(torch.autograd.Function):
     use the vmap rules below); second derivatives are refused."""
 
     @staticmethod
-    def forward(ctx, input, weights, bias, old_h, old_cell):
-        outputs, h_n, c_n, gates, cells = _seq_forward_below_autograd(input, weights, bias, old_h, old_cell)
+    def forward(ctx, input, weights, bias, old_h, old_cell, allow_tf32=False):
+        outputs, h_n, c_n, gates, cells = _seq_forward_below_autograd(input, weights, bias, old_h, old_cell, allow_tf32)
+        # The backward's recurrent products run in the forward's precision.
+        ctx.allow_tf32 = allow_tf32
         # The initial state is saved as copies ([B, S] each): a loop that
         # writes the next state into the buffers it passed (h.copy_(h_n))
         # keeps right gradients, as a loop of cells does. The pre-activations
@@ -333,7 +358,7 @@ class _SequenceFunction(torch.autograd.Function):
     backward = staticmethod(_backward)
 
     @staticmethod
-    def jvp(ctx, t_input, t_weights, t_bias, t_old_h, t_old_cell):
+    def jvp(ctx, t_input, t_weights, t_bias, t_old_h, t_old_cell, _t_allow_tf32=None):
         input, weights, old_h, outputs, gates, cells = ctx.saved_tensors
         t_out, t_h, t_c = _sequence_jvp_torch(
             input, weights, old_h, outputs, gates, cells, t_input, t_weights, t_bias, t_old_h, t_old_cell
@@ -378,11 +403,20 @@ torch.library.register_vmap("lltm_op::sequence_forward", _vmap_by_loop(_seq_forw
 torch.library.register_vmap("lltm_op::sequence_backward", _vmap_by_loop(_seq_backward, 5))
 
 
+def _allow_tf32(input: Tensor) -> bool:
+    """Whether the float32 recurrent products may use TF32 tensor cores:
+    what torch allows its own float32 matrix products on CUDA
+    (``torch.backends.cuda.matmul.allow_tf32``, which
+    ``torch.set_float32_matmul_precision("high")`` turns on)."""
+    return input.dtype is torch.float32 and input.is_cuda and torch.backends.cuda.matmul.allow_tf32
+
+
 def _run(input, weights, bias, old_h, old_cell):
+    tf32 = _allow_tf32(input)
     if torch.compiler.is_compiling() or _functorch_active():
         # torch.compile traces the registered op; torch.func transforms run
         # its registered autograd and vmap rule level by level.
-        return _seq_forward(input, weights, bias, old_h, old_cell)
+        return _seq_forward(input, weights, bias, old_h, old_cell, tf32)
     if _forward_ad_active() or (
         torch.is_grad_enabled()
         and (
@@ -393,8 +427,8 @@ def _run(input, weights, bias, old_h, old_cell):
             or old_cell.requires_grad
         )
     ):
-        return _fast_apply(input, weights, bias, old_h, old_cell)
-    return _seq_forward_below_autograd(input, weights, bias, old_h, old_cell)
+        return _fast_apply(input, weights, bias, old_h, old_cell, tf32)
+    return _seq_forward_below_autograd(input, weights, bias, old_h, old_cell, tf32)
 
 
 # -- the public function ---------------------------------------------------------------------

@@ -60,7 +60,8 @@ import torch
 import torch.jit._pickle
 import torch.utils._pytree as pytree
 module, package, inputs_path, outputs_path, device = sys.argv[1:6]
-importlib.import_module(module)
+if module:
+    importlib.import_module(module)
 inputs = [t.to(device) for t in torch.load(inputs_path, weights_only=True)]
 with torch.inference_mode():
     out = torch._inductor.aoti_load_package(package)(*inputs)
@@ -68,7 +69,7 @@ leaves = [t.cpu() for t in pytree.tree_leaves(out)]
 # What this process imported besides torch: the op package alone (its build
 # helper, opscommon, must not be needed at run time).
 own = sorted(m for m in sys.modules if "." not in m and (m == "opscommon" or m.endswith("_op")))
-if own != [module]:
+if own != ([module] if module else []):
     sys.exit(f"the process imported {own}, expected only [{module!r}]")
 torch.save(leaves, outputs_path)
 """
@@ -83,8 +84,8 @@ def run_in_fresh_python(
 ) -> list[torch.Tensor]:
     """Load the ``.pt2`` ``package`` with ``torch._inductor.aoti_load_package``
     in a new Python process that imports only torch and the op package
-    ``module``, run it on ``inputs`` (moved to ``device``), and return its
-    outputs (flattened, on the CPU)."""
+    ``module`` (none if empty), run it on ``inputs`` (moved to ``device``),
+    and return its outputs (flattened, on the CPU)."""
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         src, dst = Path(tmp) / "inputs.pt", Path(tmp) / "outputs.pt"
         _save_inputs(inputs, src)
@@ -97,6 +98,41 @@ def run_in_fresh_python(
                 f"{proc.stdout}\n{proc.stderr}"
             )
         return torch.load(dst, weights_only=True)
+
+
+_TORCH_LOADS: dict[str, str | None] = {}
+
+
+def torch_cannot_load_packages(device: str) -> str | None:
+    """Whether this torch can load a ``.pt2`` in Python at all on ``device``:
+    a model of torch's own ops (a linear layer, no custom op) is exported,
+    compiled and loaded with ``torch._inductor.aoti_load_package`` in a fresh
+    Python. Returns None if it runs and gives eager's outputs, else what went
+    wrong (the control for :func:`run_in_fresh_python`'s tests: a failure
+    here is torch's or the environment's, not an op's). Checked once per
+    device and process.
+
+    Seen: with torch 2.11.0+cu130 on an H100 machine, every ``.pt2``
+    (CUDA, and CPU too on that machine) crashed the loading Python process
+    (a segfault in the generated wrapper's ``std::regex``, parsing the
+    device string while constructing the model container), this control's
+    included; the C++ runner ran the same packages."""
+    if device not in _TORCH_LOADS:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(8, 4).to(device).eval()
+        x = torch.randn(3, 8, device=device)
+        dims = ({0: torch.export.Dim("batch", min=1, max=1 << 16)},)
+        with tempfile.TemporaryDirectory() as tmp:
+            package = export_and_package(model, (x,), dims, Path(tmp) / "control.pt2")
+            inputs = [torch.randn(5, 8, device=device)]
+            try:
+                (out,) = run_in_fresh_python(package, "", inputs, device)
+                with torch.no_grad():
+                    assert_same_outputs([out], [model(inputs[0])], device)
+                _TORCH_LOADS[device] = None
+            except (RuntimeError, AssertionError) as e:
+                _TORCH_LOADS[device] = str(e)
+    return _TORCH_LOADS[device]
 
 
 def library_path(module: str) -> str:
