@@ -510,6 +510,10 @@ def lltm_sequence(
     state stays float32 (the LLTM has no forget gate: its state grows, and
     kept in bfloat16 it would lose most of its precision over a long
     sequence). A state in the autocast dtype runs it all in that dtype.
+    On CUDA, float32's recurrent products follow torch's float32 matmul
+    setting: TF32 tensor cores where ``torch.backends.cuda.matmul.allow_tf32``
+    is on (``torch.set_float32_matmul_precision("high")``), full float32
+    otherwise (torch's default).
 
     Returns:
         ``(outputs, (h_n, c_n))``: ``outputs`` ``[T, B, S]`` holds the new h of
