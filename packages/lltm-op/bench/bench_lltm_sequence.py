@@ -147,9 +147,27 @@ def module_rows(device: str, sizes, repeat: int) -> tuple[list[str], list[dict]]
     input: 2 layers bidirectional (padded), and a PackedSequence of variable
     lengths (uniform in [T/4, T], packed once, unsorted) with one layer and
     with 2 layers bidirectional. Returns Markdown table lines and records."""
+    import lltm_op.rnn as rnn
     from torch.nn.utils.rnn import pack_padded_sequence
 
-    lines = ["| module case | T, B, F, S, dtype | LLTMSequence | nn.LSTM | ratio |", "|---|---|---|---|---|"]
+    lines = [
+        "| module case | T, B, F, S, dtype | LLTMSequence | nn.LSTM | ratio | LLTMSequence, segments |",
+        "|---|---|---|---|---|---|",
+    ]
+
+    def by_segments(fn):
+        # The packed path LLTMSequence takes under forward AD / autocast /
+        # torch.compile: one op call per run of equal batch sizes.
+        def run():
+            real = rnn._packed_plan
+            rnn._packed_plan = lambda inp, bidirectional, one_call: real(inp, bidirectional, False)
+            try:
+                return fn()
+            finally:
+                rnn._packed_plan = real
+
+        return run
+
     records = []
     for (T, B, F, S), dtype in sizes:
         dname = str(dtype).replace("torch.", "")
@@ -157,7 +175,8 @@ def module_rows(device: str, sizes, repeat: int) -> tuple[list[str], list[dict]]
         x = torch.randn(T, B, F, generator=gen).to(device, dtype)
         lengths = torch.randint(max(1, T // 4), T + 1, (B,), generator=gen)
         packed = pack_padded_sequence(x, lengths, enforce_sorted=False)
-        # One op call per run of equal batch sizes (per layer and direction).
+        # Runs of equal batch sizes: the segment path's op calls per layer
+        # and direction (the default packed path makes one).
         segments = len(torch.unique_consecutive(packed.batch_sizes))
         two = dict(num_layers=2, bidirectional=True)
         cases = {
@@ -176,19 +195,25 @@ def module_rows(device: str, sizes, repeat: int) -> tuple[list[str], list[dict]]
                 params = list(m.parameters())
                 torch.autograd.grad((data.float().square().sum() + h.float().sum() + c.float().sum()), params)
 
-            times = interleaved_wall_times_us(
-                {"ours": lambda m=ours: run(m), "lstm": lambda m=lstm: run(m)}, warmup=3, repeat=repeat
-            )
+            fns = {"ours": lambda m=ours: run(m), "lstm": lambda m=lstm: run(m)}
+            if hasattr(inp, "batch_sizes"):
+                fns["segments"] = by_segments(lambda m=ours: run(m))
+            times = interleaved_wall_times_us(fns, warmup=3, repeat=repeat)
             ratio = times["ours"] / times["lstm"]
+            seg = f"{times['segments'] / 1e3:.3f} ms" if "segments" in times else ""
             lines.append(
                 f"| {case} | T{T} B{B} F{F} S{S} {dname} | {times['ours'] / 1e3:.3f} ms | "
-                f"{times['lstm'] / 1e3:.3f} ms | {ratio:.2f}x |"
+                f"{times['lstm'] / 1e3:.3f} ms | {ratio:.2f}x | {seg} |"
             )
             records.append(
                 {
                     "case": case,
                     "size": f"T{T} B{B} F{F} S{S} {dname}",
-                    "ms": {"LLTMSequence": times["ours"] / 1e3, "nn.LSTM": times["lstm"] / 1e3},
+                    "ms": {
+                        "LLTMSequence": times["ours"] / 1e3,
+                        "nn.LSTM": times["lstm"] / 1e3,
+                        **({"LLTMSequence, segments": times["segments"] / 1e3} if "segments" in times else {}),
+                    },
                     "ratio": ratio,
                 }
             )
@@ -205,6 +230,11 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=None, help="timed rounds per size")
     parser.add_argument(
         "--modules-only", action="store_true", help="only the LLTMSequence against nn.LSTM rows (2 layers, packed)"
+    )
+    parser.add_argument(
+        "--module-size",
+        default=None,
+        help="T,B,F,S[,dtype] of the module rows (default: T64 B32 F256 S256 bf16 and f32; tiny on the CPU)",
     )
     args = parser.parse_args()
     device = "cuda" if torch.cuda.is_available() and not args.quick else "cpu"
@@ -309,9 +339,12 @@ def main() -> None:
     if not results:  # --modules-only
         lines = []
     lines += ["", "modules (LLTMSequence against nn.LSTM, forward+backward, same run):", ""]
-    module_lines, modules = module_rows(
-        device, QUICK_MODULE_SIZES if device == "cpu" else MODULE_SIZES, max(3, repeat // 4)
-    )
+    module_sizes = QUICK_MODULE_SIZES if device == "cpu" else MODULE_SIZES
+    if args.module_size:
+        parts = args.module_size.split(",")
+        dtype = getattr(torch, parts[4]) if len(parts) > 4 else torch.float32
+        module_sizes = [(tuple(int(v) for v in parts[:4]), dtype)]
+    module_lines, modules = module_rows(device, module_sizes, max(3, repeat // 4))
     lines += module_lines
     table = "\n".join(lines)
     print()

@@ -207,6 +207,9 @@ struct CpuDev {
   static void copy(const Tensor&, void* dst, const void* src, int64_t bytes) {
     if (bytes > 0) std::memcpy(dst, src, static_cast<size_t>(bytes));
   }
+  static void zero_bytes(const Tensor&, void* dst, int64_t bytes) {
+    if (bytes > 0) std::memset(dst, 0, static_cast<size_t>(bytes));
+  }
 
   static void bias_chunk(const Tensor& like, Tensor& partial, const Tensor& dG2) {
     opscommon::dispatch_floating(like.scalar_type(), kSeqBackward, [&](auto tag) {
@@ -355,11 +358,14 @@ void dispatch_half(opscommon::ScalarType dtype, const F& f) {
 }  // namespace
 
 // allow_tf32: the CPU products have no TF32 mode (the argument is for CUDA).
+// batch_sizes: see StepRows (lltm_sequence.h).
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_forward_cpu(
-    Tensor input, Tensor weights, Tensor bias, Tensor old_h, Tensor old_cell, bool /*allow_tf32*/) {
+    Tensor input, Tensor weights, Tensor bias, Tensor old_h, Tensor old_cell, bool allow_tf32,
+    std::optional<Tensor> batch_sizes) {
   const auto dtype = input.scalar_type();
   if (!float32_products(dtype)) {
-    ForwardResult r = sequence_forward<CpuDev>(input, weights, bias, old_h, old_cell);
+    ForwardResult r =
+        sequence_forward<CpuDev>(input, weights, bias, old_h, old_cell, allow_tf32, batch_sizes);
     return {r.outputs, r.h_n, r.c_n, r.gates, r.cells};
   }
   // Checked before anything is converted (the same messages as the driver's).
@@ -371,7 +377,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_forward_cpu(
     ForwardResult r = sequence_forward<CpuDevF32<R>>(
         to_f32<R>(op, "input", input), to_f32<R>(op, "weights", weights),
         to_f32<R>(op, "bias", bias), to_f32<R>(op, "old_h", old_h),
-        to_f32<R>(op, "old_cell", old_cell));
+        to_f32<R>(op, "old_cell", old_cell), allow_tf32, batch_sizes);
     out = {from_f32<R>(op, "outputs", r.outputs), from_f32<R>(op, "h_n", r.h_n),
            from_f32<R>(op, "c_n", r.c_n), from_f32<R>(op, "gates", r.gates),
            from_f32<R>(op, "cells", r.cells)};
@@ -382,12 +388,13 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_forward_cpu(
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_backward_cpu(
     std::optional<Tensor> grad_outputs, std::optional<Tensor> grad_h_n,
     std::optional<Tensor> grad_c_n, Tensor input, Tensor weights, Tensor old_h, Tensor old_cell,
-    Tensor outputs, Tensor gates, Tensor cells, bool input_grad, bool /*allow_tf32*/) {
+    Tensor outputs, Tensor gates, Tensor cells, bool input_grad, bool allow_tf32,
+    std::optional<Tensor> batch_sizes) {
   const auto dtype = input.scalar_type();
   if (!float32_products(dtype)) {
     BackwardResult r =
         sequence_backward<CpuDev>(grad_outputs, grad_h_n, grad_c_n, input, weights, old_h, old_cell,
-                                  outputs, gates, cells, input_grad);
+                                  outputs, gates, cells, input_grad, allow_tf32, batch_sizes);
     return {r.d_input, r.d_weights, r.d_bias, r.d_old_h, r.d_old_cell};
   }
   const char* op = kSeqBackward;
@@ -401,7 +408,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_backward_cpu(
         to_f32<R>(op, "grad_c_n", grad_c_n), to_f32<R>(op, "input", input),
         to_f32<R>(op, "weights", weights), to_f32<R>(op, "old_h", old_h),
         to_f32<R>(op, "old_cell", old_cell), to_f32<R>(op, "outputs", outputs),
-        to_f32<R>(op, "gates", gates), to_f32<R>(op, "cells", cells), input_grad);
+        to_f32<R>(op, "gates", gates), to_f32<R>(op, "cells", cells), input_grad, allow_tf32,
+        batch_sizes);
     out = {from_f32<R>(op, "d_input", r.d_input), from_f32<R>(op, "d_weights", r.d_weights),
            from_f32<R>(op, "d_bias", r.d_bias), from_f32<R>(op, "d_old_h", r.d_old_h),
            from_f32<R>(op, "d_old_cell", r.d_old_cell)};
@@ -420,11 +428,15 @@ STABLE_TORCH_LIBRARY_FRAGMENT(lltm_op, m) {
   // needs: outputs for autograd to save, not for users. allow_tf32: float32
   // recurrent products may run on TF32 tensor cores (CUDA, sm_80+), what
   // torch's float32 matmul precision "high" allows its own products; the
-  // Python wrapper passes torch's setting.
+  // Python wrapper passes torch's setting. batch_sizes: a packed run
+  // (LLTMSequence on a PackedSequence, padded to [T, B, F], sequences sorted
+  // longest first): step t runs the first batch_sizes[t] rows, each row's
+  // h_n / c_n are those of its own last step, and rows past their end are
+  // zero in outputs and cells.
   m.def(
       "sequence_forward(Tensor input, Tensor weights, Tensor bias, Tensor old_h, Tensor old_cell, "
-      "bool allow_tf32=False) -> (Tensor outputs, Tensor h_n, Tensor c_n, Tensor gates, "
-      "Tensor cells)");
+      "bool allow_tf32=False, Tensor? batch_sizes=None) -> (Tensor outputs, Tensor h_n, "
+      "Tensor c_n, Tensor gates, Tensor cells)");
   // Gradients of input (an empty [0] tensor unless input_grad), weights,
   // bias, old_h and old_cell; an absent (None) incoming gradient counts as
   // zero. The autograd of sequence_forward (sequence.py) calls this; it has
@@ -432,8 +444,8 @@ STABLE_TORCH_LIBRARY_FRAGMENT(lltm_op, m) {
   m.def(
       "sequence_backward(Tensor? grad_outputs, Tensor? grad_h_n, Tensor? grad_c_n, Tensor input, "
       "Tensor weights, Tensor old_h, Tensor old_cell, Tensor outputs, Tensor gates, Tensor cells, "
-      "bool input_grad, bool allow_tf32=False) -> (Tensor d_input, Tensor d_weights, "
-      "Tensor d_bias, Tensor d_old_h, Tensor d_old_cell)");
+      "bool input_grad, bool allow_tf32=False, Tensor? batch_sizes=None) -> (Tensor d_input, "
+      "Tensor d_weights, Tensor d_bias, Tensor d_old_h, Tensor d_old_cell)");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(lltm_op, CPU, m) {

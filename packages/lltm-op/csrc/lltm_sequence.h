@@ -162,6 +162,45 @@ inline Dims check_backward_args(const std::optional<Tensor>& grad_outputs,
   return d;
 }
 
+// The rows each step runs: all B, or (a packed run, PackedSequence's
+// batch_sizes) the first batch_sizes[t] at step t: the sequences sorted
+// longest first, each stopping after its own length (its h and c then final).
+struct StepRows {
+  int64_t B = 0;
+  std::vector<int64_t> sizes;  // empty: every row every step
+  bool packed() const { return !sizes.empty(); }
+  int64_t at(int64_t t) const {
+    if (!packed()) return B;
+    return t < static_cast<int64_t>(sizes.size()) ? sizes[t] : 0;
+  }
+};
+
+// batch_sizes: absent, or a CPU int64 [T] of non-increasing values in
+// [0, B] (as a PackedSequence's).
+inline StepRows check_batch_sizes(const char* op, const std::optional<Tensor>& batch_sizes,
+                                  const Dims& d) {
+  StepRows rows;
+  rows.B = d.B;
+  if (!batch_sizes) return rows;
+  const Tensor& bs = *batch_sizes;
+  opscommon::check_defined(op, "batch_sizes", bs);
+  OPSCOMMON_CHECK(bs.is_cpu() && bs.scalar_type() == torch::headeronly::ScalarType::Long, op,
+                  ": argument 'batch_sizes' must be an int64 CPU tensor (a PackedSequence's "
+                  "batch_sizes)");
+  opscommon::check_shape(op, "batch_sizes", bs, {d.T});
+  const Tensor dense_bs = opscommon::contiguous_of(bs);
+  const int64_t* v = dense_bs.const_data_ptr<int64_t>();
+  rows.sizes.assign(v, v + d.T);
+  int64_t before = d.B;
+  for (int64_t t = 0; t < d.T; ++t) {
+    OPSCOMMON_CHECK(rows.sizes[t] >= 0 && rows.sizes[t] <= before, op,
+                    ": argument 'batch_sizes' must hold non-increasing sizes in [0, ", d.B,
+                    "] (the batch), got ", rows.sizes[t], " at step ", t);
+    before = rows.sizes[t];
+  }
+  return rows;
+}
+
 // -- tensors --------------------------------------------------------------------
 
 // A fresh contiguous tensor; an allocation failure (out of memory) is an
@@ -331,7 +370,8 @@ struct BackwardSteps {
 //   static Tensor bias_partial(const Tensor& like, const Dims&, bool fused):
 //       zeroed accumulator the backward steps add into;
 //   static void zero(Tensor&), copy(const Tensor& like, void* dst, const void* src,
-//       int64_t bytes): stream-ordered memset and copy;
+//       int64_t bytes), zero_bytes(const Tensor& like, void* dst, int64_t bytes):
+//       stream-ordered memset and copy;
 //   static void bias_chunk(const Tensor& like, Tensor& partial, const Tensor& d_gates_2d):
 //       called once per chunk with its [rows, 3S] dG (devices whose steps do
 //       not accumulate the bias gradient themselves sum it here);
@@ -345,10 +385,12 @@ struct ForwardResult {
 template <class Dev>
 ForwardResult sequence_forward(const Tensor& input_arg, const Tensor& weights_arg,
                                const Tensor& bias_arg, const Tensor& old_h_arg,
-                               const Tensor& old_cell_arg, bool tf32 = false) {
+                               const Tensor& old_cell_arg, bool tf32 = false,
+                               const std::optional<Tensor>& batch_sizes = std::nullopt) {
   const char* op = kSeqForward;
   Dims d = check_forward_args(op, input_arg, weights_arg, bias_arg, old_h_arg, old_cell_arg);
   d.tf32 = tf32;
+  const StepRows rows = check_batch_sizes(op, batch_sizes, d);
   const int64_t T = d.T, B = d.B, F = d.F, S = d.S, S3 = 3 * S, L = S + F;
   const Tensor& like = input_arg;
   ForwardResult r{alloc(op, "outputs", like, {T, B, S}), alloc(op, "h_n", like, {B, S}),
@@ -373,7 +415,9 @@ ForwardResult sequence_forward(const Tensor& input_arg, const Tensor& weights_ar
     const Tensor w_xT = view_of(weights, {F, S3}, {1, L}, S);
     mm_out(op, g2, x2, w_xT);
   }
-  const bool fused = Dev::fused(like, d);
+  // A packed run goes step by step on the cuBLAS-product path, each step on
+  // its leading rows (the persistent and fused kernels run a fixed batch).
+  const bool fused = !rows.packed() && Dev::fused(like, d);
   const Tensor w_hT_view = view_of(weights, {S, S3}, {1, L});
   // The fused kernels read W_h^T row by row: a contiguous copy, once.
   std::optional<Tensor> w_hT;
@@ -403,9 +447,24 @@ ForwardResult sequence_forward(const Tensor& input_arg, const Tensor& weights_ar
     all.first.c = cells;
     if (Dev::forward_steps(like, all)) return r;
   }
+  if (rows.packed()) {
+    // Rows past their sequence's end are zero (finite, for the weight
+    // gradients' products over whole steps); rows with no step keep h0, c0.
+    Dev::zero(r.outputs);
+    Dev::zero(r.cells);
+    const int64_t r0 = rows.at(0);
+    Dev::copy(like, static_cast<char*>(r.h_n.mutable_data_ptr()) + r0 * S * esize,
+              static_cast<const char*>(old_h.const_data_ptr()) + r0 * S * esize,
+              (B - r0) * S * esize);
+    Dev::copy(like, static_cast<char*>(r.c_n.mutable_data_ptr()) + r0 * S * esize,
+              static_cast<const char*>(old_cell.const_data_ptr()) + r0 * S * esize,
+              (B - r0) * S * esize);
+  }
   for (int64_t t = 0; t < T; ++t) {
+    const int64_t n = rows.at(t);
+    if (n == 0) break;  // non-increasing: no row runs from here on
     ForwardStep s{};
-    s.B = B;
+    s.B = n;
     s.S = S;
     s.gates = gates + t * step_gates;
     s.bias = bias.const_data_ptr();
@@ -414,18 +473,29 @@ ForwardResult sequence_forward(const Tensor& input_arg, const Tensor& weights_ar
         t ? static_cast<const void*>(cells + (t - 1) * step_state) : old_cell.const_data_ptr();
     s.h = outs + t * step_state;
     s.c = cells + t * step_state;
-    s.h_n = t == T - 1 ? r.h_n.mutable_data_ptr() : nullptr;
-    s.c_n = t == T - 1 ? r.c_n.mutable_data_ptr() : nullptr;
+    s.h_n = t == T - 1 && !rows.packed() ? r.h_n.mutable_data_ptr() : nullptr;
+    s.c_n = t == T - 1 && !rows.packed() ? r.c_n.mutable_data_ptr() : nullptr;
     if (fused) {
       s.rec = nullptr;
       s.w_hT = w_hT->const_data_ptr();
     } else {
-      const Tensor h_prev = t ? view_of(r.outputs, {B, S}, {S, 1}, (t - 1) * B * S) : old_h;
-      mm_out(op, *rec, h_prev, w_hT_view);
+      const Tensor h_prev =
+          t ? view_of(r.outputs, {n, S}, {S, 1}, (t - 1) * B * S) : view_of(old_h, {n, S}, {S, 1});
+      Tensor rec_n = view_of(*rec, {n, S3}, {S3, 1});
+      mm_out(op, rec_n, h_prev, w_hT_view);
       s.rec = rec->const_data_ptr();
       s.w_hT = nullptr;
     }
     Dev::forward_step(like, s);
+    if (rows.packed()) {
+      // Rows at their last step: h and c are final.
+      const int64_t done = rows.at(t + 1);
+      const int64_t off = done * S * esize, bytes = (n - done) * S * esize;
+      Dev::copy(like, static_cast<char*>(r.h_n.mutable_data_ptr()) + off,
+                outs + t * step_state + off, bytes);
+      Dev::copy(like, static_cast<char*>(r.c_n.mutable_data_ptr()) + off,
+                cells + t * step_state + off, bytes);
+    }
   }
   return r;
 }
@@ -461,11 +531,13 @@ BackwardResult sequence_backward(const std::optional<Tensor>& grad_outputs_arg,
                                  const Tensor& weights_arg, const Tensor& old_h_arg,
                                  const Tensor& old_cell_arg, const Tensor& outputs_arg,
                                  const Tensor& gates_arg, const Tensor& cells_arg, bool input_grad,
-                                 bool tf32 = false) {
+                                 bool tf32 = false,
+                                 const std::optional<Tensor>& batch_sizes = std::nullopt) {
   const char* op = kSeqBackward;
   Dims d = check_backward_args(grad_outputs_arg, grad_h_n_arg, grad_c_n_arg, input_arg, weights_arg,
                                old_h_arg, old_cell_arg, outputs_arg, gates_arg, cells_arg);
   d.tf32 = tf32;
+  const StepRows rows = check_batch_sizes(op, batch_sizes, d);
   const int64_t T = d.T, B = d.B, F = d.F, S = d.S, S3 = 3 * S, L = S + F;
   const Tensor& like = input_arg;
   BackwardResult r{
@@ -502,7 +574,7 @@ BackwardResult sequence_backward(const std::optional<Tensor>& grad_outputs_arg,
   if (grad_h_n_arg) ghn = dense(*grad_h_n_arg);
   if (grad_c_n_arg) gcn = dense(*grad_c_n_arg);
 
-  const bool fused = Dev::fused(like, d);
+  const bool fused = !rows.packed() && Dev::fused(like, d);  // see sequence_forward
   const int64_t chunks = backward_chunks(d);
   const int64_t K = (T + chunks - 1) / chunks;
   // K slots for a chunk's steps and one (slot K) that carries dG of the first
@@ -520,6 +592,15 @@ BackwardResult sequence_backward(const std::optional<Tensor>& grad_outputs_arg,
 
   const int64_t esize = static_cast<int64_t>(like.element_size());
   const int64_t step_gates = B * S3 * esize, step_state = B * S * esize;
+  if (rows.packed()) {
+    // The running cell-state gradient starts as grad_c_n on every row: a row
+    // is first reached at its own last step, untouched before.
+    if (gcn) {
+      Dev::copy(like, dc.mutable_data_ptr(), gcn->const_data_ptr(), B * S * esize);
+    } else {
+      Dev::zero(dc);
+    }
+  }
   char* dG_ptr = static_cast<char*>(dG.mutable_data_ptr());
   const char* gates_ptr = static_cast<const char*>(gates.const_data_ptr());
   const char* cells_ptr = static_cast<const char*>(cells.const_data_ptr());
@@ -527,6 +608,47 @@ BackwardResult sequence_backward(const std::optional<Tensor>& grad_outputs_arg,
   auto slot = [&](int64_t k) { return dG_ptr + k * step_gates; };
   auto slot_view = [&](int64_t k, int64_t steps) {
     return view_of(dG, {steps * B, S3}, {S3, 1}, k * B * S3);
+  };
+
+  // One step of a packed run, on its first n = batch_sizes[t] rows: dh =
+  // grad_outputs[t] + dG_{t+1} W_h on the rows that go on to step t + 1,
+  // + grad_h_n on the rows whose last step this is; the cell's backward
+  // then reads dc (still grad_c_n on those rows). The slot's rows past n
+  // get a zero pre-activation gradient (the weight gradients are products
+  // over all B rows of the slots).
+  auto packed_backward_step = [&](int64_t t, int64_t t0, int64_t t1) {
+    const int64_t n = rows.at(t), next = rows.at(t + 1);
+    Dev::zero_bytes(like, slot(t - t0) + n * S3 * esize, (B - n) * S3 * esize);
+    if (n == 0) return;
+    const int64_t next_slot = t + 1 < t1 ? t + 1 - t0 : K;
+    char* dh_ptr = static_cast<char*>(dh->mutable_data_ptr());
+    if (next > 0) {
+      Tensor dh_next = view_of(*dh, {next, S}, {S, 1});
+      mm_out(op, dh_next, view_of(dG, {next, S3}, {S3, 1}, next_slot * B * S3), w_h);
+    }
+    if (ghn) {
+      Dev::copy(like, dh_ptr + next * S * esize,
+                static_cast<const char*>(ghn->const_data_ptr()) + next * S * esize,
+                (n - next) * S * esize);
+    } else {
+      Dev::zero_bytes(like, dh_ptr + next * S * esize, (n - next) * S * esize);
+    }
+    BackwardStep s{};
+    s.B = n;
+    s.S = S;
+    s.grad_out = go_ptr ? go_ptr + t * step_state : nullptr;
+    s.rec = dh->const_data_ptr();
+    s.extra = nullptr;
+    s.dG_next = nullptr;
+    s.w_h = nullptr;
+    s.dc_in = dc.const_data_ptr();
+    s.gates = gates_ptr + t * step_gates;
+    s.c_prev =
+        t ? static_cast<const void*>(cells_ptr + (t - 1) * step_state) : old_cell.const_data_ptr();
+    s.d_gates = slot(t - t0);
+    s.dc_out = dc.mutable_data_ptr();
+    s.bias_partial = partial.mutable_data_ptr();
+    Dev::backward_step(like, s, false);
   };
 
   for (int64_t c = (T - 1) / K; c >= 0; --c) {
@@ -557,6 +679,10 @@ BackwardResult sequence_backward(const std::optional<Tensor>& grad_outputs_arg,
                       tf32};
     const bool ran = fused && Dev::backward_steps(like, all);
     for (int64_t t = t1 - 1; t >= t0 && !ran; --t) {
+      if (rows.packed()) {
+        packed_backward_step(t, t0, t1);
+        continue;
+      }
       BackwardStep s{};
       s.B = B;
       s.S = S;
@@ -609,6 +735,16 @@ BackwardResult sequence_backward(const std::optional<Tensor>& grad_outputs_arg,
   }
   // d_old_h = dG_0 W_h; dG_0 is in slot 0.
   mm_out(op, r.d_old_h, slot_view(0, 1), w_h);
+  if (rows.packed() && rows.at(0) < B) {
+    // Rows with no step (length 0): their final state is the initial one.
+    const int64_t off = rows.at(0) * S * esize, bytes = (B - rows.at(0)) * S * esize;
+    char* d_old_h = static_cast<char*>(r.d_old_h.mutable_data_ptr());
+    if (ghn) {
+      Dev::copy(like, d_old_h + off, static_cast<const char*>(ghn->const_data_ptr()) + off, bytes);
+    } else {
+      Dev::zero_bytes(like, d_old_h + off, bytes);
+    }
+  }
   Dev::bias_finish(partial, r.d_bias);
   return r;
 }

@@ -883,6 +883,12 @@ struct CudaDev {
                                          opscommon::current_stream(device)));
   }
 
+  static void zero_bytes(const Tensor& like, void* dst, int64_t bytes) {
+    if (bytes <= 0) return;
+    const int device = like.get_device();
+    OPSCOMMON_CUDA_CHECK(
+        cudaMemsetAsync(dst, 0, static_cast<size_t>(bytes), opscommon::current_stream(device)));
+  }
   static void copy(const Tensor& like, void* dst, const void* src, int64_t bytes) {
     if (bytes == 0) return;
     const int device = like.get_device();
@@ -923,22 +929,25 @@ struct CudaDev {
 }  // namespace
 
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_forward_cuda(
-    Tensor input, Tensor weights, Tensor bias, Tensor old_h, Tensor old_cell, bool allow_tf32) {
+    Tensor input, Tensor weights, Tensor bias, Tensor old_h, Tensor old_cell, bool allow_tf32,
+    std::optional<Tensor> batch_sizes) {
   check_operand(kSeqForward, "input", input);
   opscommon::DeviceGuard guard(input.get_device());
-  ForwardResult r = sequence_forward<CudaDev>(input, weights, bias, old_h, old_cell, allow_tf32);
+  ForwardResult r =
+      sequence_forward<CudaDev>(input, weights, bias, old_h, old_cell, allow_tf32, batch_sizes);
   return {r.outputs, r.h_n, r.c_n, r.gates, r.cells};
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_backward_cuda(
     std::optional<Tensor> grad_outputs, std::optional<Tensor> grad_h_n,
     std::optional<Tensor> grad_c_n, Tensor input, Tensor weights, Tensor old_h, Tensor old_cell,
-    Tensor outputs, Tensor gates, Tensor cells, bool input_grad, bool allow_tf32) {
+    Tensor outputs, Tensor gates, Tensor cells, bool input_grad, bool allow_tf32,
+    std::optional<Tensor> batch_sizes) {
   check_operand(kSeqBackward, "input", input);
   opscommon::DeviceGuard guard(input.get_device());
   BackwardResult r =
       sequence_backward<CudaDev>(grad_outputs, grad_h_n, grad_c_n, input, weights, old_h, old_cell,
-                                 outputs, gates, cells, input_grad, allow_tf32);
+                                 outputs, gates, cells, input_grad, allow_tf32, batch_sizes);
   return {r.d_input, r.d_weights, r.d_bias, r.d_old_h, r.d_old_cell};
 }
 

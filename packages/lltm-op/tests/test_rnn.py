@@ -8,6 +8,7 @@ import itertools
 
 import pytest
 import torch
+import torch.autograd.forward_ad as fwAD
 import torch.nn.functional as F
 from lltm_op import LLTM, LLTMSequence, lltm_reference
 from lltm_op._runtime import BUILD_INFO
@@ -143,10 +144,20 @@ def test_padded_equal_lengths_is_one_op_call_per_layer_and_direction(monkeypatch
     m(torch.randn(7, 2, 3))
     assert len(calls) == 4
     calls.clear()
-    # Packed, lengths 7, 4, 4, 2: three segments a layer and direction, none on padding.
+    # Packed, lengths 7, 4, 4, 2: one op call a layer and direction too, each
+    # step on its running sequences only (the op's batch_sizes).
+    packed_calls = []
+    real_rows = rnn._run_packed_rows
+    monkeypatch.setattr(rnn, "_run_packed_rows", lambda *a: packed_calls.append(a[5].tolist()) or real_rows(*a))
     x = pack_padded_sequence(torch.randn(7, 4, 3), torch.tensor([7, 4, 4, 2]))
     m(x)
-    assert len(calls) == 12
+    assert calls == [] and packed_calls == [[4, 4, 3, 3, 1, 1, 1]] * 4
+    # Under forward AD (not supported by the packed op call): three segments
+    # a layer and direction, none on padding.
+    packed_calls.clear()
+    with fwAD.dual_level():
+        m(PackedSequence(fwAD.make_dual(x.data, torch.ones_like(x.data)), x.batch_sizes))
+    assert packed_calls == [] and len(calls) == 12
     assert sum(s[0] * s[1] for s in calls) == 4 * (7 + 4 + 4 + 2)
 
 

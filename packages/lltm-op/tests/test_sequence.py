@@ -14,6 +14,7 @@ import pytest
 import torch
 from lltm_op import LLTM, LLTMSequence, lltm, lltm_reference, lltm_sequence
 from lltm_op._runtime import BUILD_INFO
+from lltm_op.sequence import _run_packed_rows
 from opscommon.testing import DEVICES, BadInput, OpContract, cuda_usable, with_layout
 
 OP = "lltm_op.lltm_sequence"
@@ -1168,3 +1169,101 @@ def test_cuda_follows_the_current_stream_without_syncs():
     torch.cuda.synchronize()
     for g, w in zip([*got, *got_grads], [*want, *want_grads]):
         torch.testing.assert_close(g, w)
+
+
+# -- batch_sizes: LLTMSequence's packed run, one op call ------------------------------------
+
+
+def packed_reference(args, lengths):
+    """Each row b run alone for its own lengths[b] steps (float64): outputs
+    zero past its end, h_n / c_n those of its last step (the initial state
+    for a length of 0)."""
+    x, w, b, h0, c0 = args
+    outs, hs, cs = [], [], []
+    for r, n in enumerate(lengths):
+        out, (h, c) = reference(x[:n, r : r + 1], w, b, h0[r : r + 1], c0[r : r + 1])
+        outs.append(torch.cat((out, out.new_zeros(x.shape[0] - n, 1, out.shape[2]))))
+        hs.append(h)
+        cs.append(c)
+    return torch.cat(outs, 1), torch.cat(hs), torch.cat(cs)
+
+
+def batch_sizes_of(lengths, T):
+    return torch.tensor([sum(n > t for n in lengths) for t in range(T)], dtype=torch.int64)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize(
+    "lengths,F,S",
+    [([5, 3, 3, 1], 4, 6), ([4, 4], 3, 5), ([6, 2, 0], 2, 3), ([1], 3, 8), ([7, 5, 4, 4, 2, 1, 1], 5, 33)],
+    ids=str,
+)
+def test_batch_sizes_run_each_row_for_its_own_length(device, dtype, lengths, F, S):
+    """sequence_forward with batch_sizes (sorted lengths, as a PackedSequence
+    holds them): every row stops after its own length, its final state is
+    that of its last step, nothing past its end is computed into its
+    result; the gradients of every argument match rows run alone."""
+    need(device)
+    T, B = max(lengths), len(lengths)
+    gen = torch.Generator().manual_seed(T * 7 + B + S)
+    args = make_args(T, B, F, S, dtype=dtype, device=device, generator=gen)
+    for r, n in enumerate(lengths):
+        args[0][n:, r] = 0  # padding, as LLTMSequence pads
+    args = [t.requires_grad_() for t in args]
+    ref_args = [t.detach().double().cpu().requires_grad_() for t in args]
+    out = _run_packed_rows(*args, batch_sizes_of(lengths, T))[:3]
+    ref = packed_reference(ref_args, lengths)
+    grads = [torch.randn(r.shape, dtype=torch.float64, generator=gen) for r in ref]
+    for r, n in enumerate(lengths):
+        grads[0][n:, r] = 0  # nothing reads the padding of outputs
+    torch.autograd.backward(out, [g.to(device, dtype) for g in grads])
+    torch.autograd.backward(ref, grads)
+    limit = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 3e-2}[dtype]
+    for name, o, r in zip(("outputs", "h_n", "c_n"), out, ref):
+        assert rel_err(o.detach().cpu(), r) <= limit, name
+    for r, n in enumerate(lengths):
+        assert not out[0][n:, r].any(), "outputs past a row's end are zero"
+    for name, a, r in zip(("input", "weights", "bias", "old_h", "old_cell"), args, ref_args):
+        assert rel_err(a.grad.cpu(), r.grad) <= limit, f"grad of {name}"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_batch_sizes_opcheck(device):
+    need(device)
+    lengths = [4, 3, 1]
+    args = make_args(4, 3, 2, 5, dtype=torch.float64, device=device)
+    bs = batch_sizes_of(lengths, 4)
+    torch.library.opcheck(seq_forward, (*(t.clone().requires_grad_() for t in args), False, bs))
+    outputs, h_n, c_n, gates, cells = seq_forward(*args, False, bs)
+    x, w, b, h, c = args
+    gs = [torch.randn_like(t) for t in (outputs, h_n, c_n)]
+    torch.library.opcheck(seq_backward, (*gs, x, w, h, c, outputs, gates, cells, True, False, bs))
+
+
+@pytest.mark.parametrize(
+    "bs,message",
+    [
+        (torch.tensor([2, 3, 1]), r"'batch_sizes' must hold non-increasing sizes in \[0, 3\]"),
+        (torch.tensor([4, 3, 1]), r"'batch_sizes' must hold non-increasing sizes in \[0, 3\]"),
+        (torch.tensor([3, -1, 0]), r"'batch_sizes' must hold non-increasing sizes"),
+        (torch.tensor([3, 2]), r"argument 'batch_sizes' must have shape \[3\]"),
+        (torch.tensor([3.0, 2.0, 1.0]), r"'batch_sizes' must be an int64 CPU tensor"),
+        (torch.tensor([3, 2, 1], dtype=torch.int32), r"'batch_sizes' must be an int64 CPU tensor"),
+    ],
+    ids=["increasing", "past the batch", "negative", "shape", "float", "int32"],
+)
+def test_bad_batch_sizes_are_refused(bs, message):
+    args = make_args(3, 3, 2, 4, dtype=torch.float64)
+    with pytest.raises(RuntimeError, match=rf"lltm_op.sequence_forward: .*{message}"):
+        seq_forward(*args, False, bs)
+
+
+def test_packed_run_refuses_forward_ad():
+    import torch.autograd.forward_ad as fwAD
+
+    args = make_args(3, 2, 2, 4, dtype=torch.float64)
+    with fwAD.dual_level():
+        x = fwAD.make_dual(args[0], torch.ones_like(args[0]))
+        with pytest.raises(RuntimeError, match="forward-mode AD of a packed run"):
+            _run_packed_rows(x, *args[1:], batch_sizes_of([3, 2], 3))

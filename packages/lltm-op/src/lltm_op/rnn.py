@@ -11,12 +11,15 @@ How each case maps onto the one-layer, one-direction primitive:
   outputs reversed back; with variable lengths each sequence is reversed
   within its own length, so it starts at its own last step;
 * variable lengths (``PackedSequence``): the packed rows are time-major
-  with the sequences sorted longest first, so the steps split into segments
-  of constant batch size whose rows are contiguous: one call per segment on
-  a ``[steps, rows, F]`` view of the packed data, with the state of its
-  leading rows carried into the next segment and that of the rows that end
-  kept as their final state. No step is computed on padding, nothing is
-  padded or unpadded, and the output is packed as the input.
+  with the sequences sorted longest first, so step t is the first
+  ``batch_sizes[t]`` sequences. The packed rows are placed in a zero-padded
+  ``[T, B, F]`` batch and the op runs once on it with ``batch_sizes``: each
+  step computes its leading rows only (no step is computed on padding),
+  each sequence's final state is that of its own last step, and the outputs
+  are packed again. Under forward AD, torch.func, autocast and
+  ``torch.compile`` the steps run instead as segments of constant batch
+  size, one call each on a ``[steps, rows, F]`` view of the packed data,
+  the state of its leading rows carried into the next segment.
 """
 
 from __future__ import annotations
@@ -31,8 +34,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
 
+from . import _runtime
 from .ops import _check_size
-from .sequence import lltm_sequence
+from .sequence import _run_packed_rows, lltm_sequence
 
 NAME = "LLTMSequence"
 
@@ -117,13 +121,25 @@ def _reverse_index(batch_sizes: list[int], device: torch.device) -> Tensor:
     return source[valid].to(device)
 
 
-def _packed_plan_eager(input: PackedSequence, bidirectional: bool):
+def _padded_index(batch_sizes: list[int], device: torch.device) -> Tensor:
+    """The row of each packed row in the padded ``[T * B]`` layout: step t,
+    sequence b -> t * B + b."""
+    sizes = torch.tensor(batch_sizes, dtype=torch.int64)
+    T, B = len(batch_sizes), batch_sizes[0]
+    rows = torch.arange(B)
+    # Row-major over (t, b) with b < batch_sizes[t]: the packed order.
+    return (torch.arange(T).unsqueeze(1) * B + rows)[rows < sizes.unsqueeze(1)].to(device)
+
+
+def _packed_plan_eager(input: PackedSequence, bidirectional: bool, one_call: bool):
     batch_sizes = _check_packed(input)
     segments = _segments(batch_sizes)
-    index = None
+    index = padded = None
     if bidirectional and len(segments) > 1:
         index = _reverse_index(batch_sizes, input.data.device)
-    return (batch_sizes[0] if batch_sizes else 0), segments, index
+    if one_call and len(segments) > 1:
+        padded = _padded_index(batch_sizes, input.data.device)
+    return (batch_sizes[0] if batch_sizes else 0), segments, index, padded
 
 
 # The plan (checks, segments, the reverse permutation) is read from the
@@ -162,6 +178,15 @@ def _run_packed(data: Tensor, w: Tensor, b: Tensor, h0: Tensor, c0: Tensor, segm
     if len(h_done) == 1:
         return output, h_done[0], c_done[0]
     return output, torch.cat(h_done[::-1]), torch.cat(c_done[::-1])
+
+
+def _run_packed_one_call(data: Tensor, w: Tensor, b: Tensor, h0: Tensor, c0: Tensor, batch_sizes: Tensor, padded):
+    """_run_packed in one op call: the packed rows in a zero-padded [T, B, F]
+    batch, the op running the first batch_sizes[t] rows at step t."""
+    T, B, S = batch_sizes.shape[0], h0.shape[0], h0.shape[1]
+    x = data.new_zeros(T * B, data.shape[1]).index_copy(0, padded, data).view(T, B, data.shape[1])
+    out, h, c, _, _ = _run_packed_rows(x, w, b, h0, c0, batch_sizes)
+    return out.reshape(T * B, S).index_select(0, padded), h, c
 
 
 def _reverse(t: Tensor, segments, index: Tensor | None) -> Tensor:
@@ -392,14 +417,22 @@ class LLTMSequence(nn.Module):
         data = self._check_input(input)
         packed = isinstance(input, PackedSequence)
         unbatched = False
-        segments = reverse_index = None
+        segments = reverse_index = padded_index = None
         if packed:
             if torch.compiler.is_exporting():
                 raise RuntimeError(
                     f"{NAME}: a PackedSequence 'input' cannot be exported (its segments of constant batch "
                     "size are read from batch_sizes on the host); export the module on padded input [T, B, F]"
                 )
-            batch, segments, reverse_index = _packed_plan(input, self.bidirectional)
+            # One op call per layer and direction, except where only the
+            # public lltm_sequence has the feature (see the module docstring).
+            one_call = not (
+                torch.compiler.is_compiling()
+                or _runtime.forward_ad_active()
+                or _runtime.functorch_active()
+                or _runtime.autocast_enabled(data.device.type)
+            )
+            batch, segments, reverse_index, padded_index = _packed_plan(input, self.bidirectional, one_call)
             x = data  # [N, F], the packed rows
         else:
             x = input
@@ -431,6 +464,8 @@ class LLTMSequence(nn.Module):
                 seq = _reverse(layer_input, segments, reverse_index) if direction else layer_input
                 if segments is None:
                     out, h, c = _run_padded(seq, w, b, h0[k], c0[k])
+                elif padded_index is not None:
+                    out, h, c = _run_packed_one_call(seq, w, b, h0[k], c0[k], input.batch_sizes, padded_index)
                 else:
                     out, h, c = _run_packed(seq, w, b, h0[k], c0[k], segments)
                 if direction:

@@ -89,12 +89,22 @@ def _check_like(op: str, arg: str, t: Tensor, input: Tensor, shape) -> None:
     _ops._check_same_device(op, "input", input, arg, t)
 
 
+def _check_batch_sizes(op: str, batch_sizes, T) -> None:
+    # Its values are checked by the kernel (a fake tensor has none).
+    if batch_sizes is None:
+        return
+    if batch_sizes.device.type != "cpu" or batch_sizes.dtype != torch.int64:
+        raise RuntimeError(f"{op}: argument 'batch_sizes' must be an int64 CPU tensor (a PackedSequence's batch_sizes)")
+    _runtime.check_shape(op, "batch_sizes", batch_sizes, (T,))
+
+
 # -- fake kernels ---------------------------------------------------------------------
 
 
 @torch.library.register_fake("lltm_op::sequence_forward")
-def _sequence_forward_fake(input, weights, bias, old_h, old_cell, allow_tf32=False):
+def _sequence_forward_fake(input, weights, bias, old_h, old_cell, allow_tf32=False, batch_sizes=None):
     T, B, F, S = _check_forward(OP_FORWARD, input, weights, bias, old_h, old_cell)
+    _check_batch_sizes(OP_FORWARD, batch_sizes, T)
     return (
         input.new_empty((T, B, S)),
         input.new_empty((B, S)),
@@ -118,6 +128,7 @@ def _sequence_backward_fake(
     cells,
     input_grad,
     allow_tf32=False,
+    batch_sizes=None,
 ):
     op = OP_BACKWARD
     _runtime.check_dtype(op, "input", input, _FLOATING)
@@ -141,6 +152,7 @@ def _sequence_backward_fake(
     ):
         if g is not None:
             _check_like(op, name, g, input, shape)
+    _check_batch_sizes(op, batch_sizes, T)
     return (
         input.new_empty((T, B, F) if input_grad else (0,)),
         input.new_empty((3 * S, S + F)),
@@ -203,6 +215,7 @@ def _sequence_backward_torch(
     cells,
     input_grad,
     allow_tf32=False,
+    batch_sizes=None,
 ):
     """lltm_op::sequence_backward as differentiable torch ops (what its
     kernel computes, from the same arguments)."""
@@ -293,7 +306,7 @@ def _saved(ctx):
 def _backward(ctx, grad_outputs, grad_h_n, grad_c_n, _grad_gates=None, _grad_cells=None):
     needs = ctx.needs_input_grad
     if (grad_outputs is None and grad_h_n is None and grad_c_n is None) or not any(needs):
-        return None, None, None, None, None, None
+        return None, None, None, None, None, None, None
     input, weights, old_h, old_cell, outputs, gates, cells = _saved(ctx)
     # Below autograd: the fused kernel (the op's own derivative, torch ops,
     # is for direct calls; see _NoDoubleBackward for this one's).
@@ -311,6 +324,7 @@ def _backward(ctx, grad_outputs, grad_h_n, grad_c_n, _grad_gates=None, _grad_cel
             cells,
             bool(needs[0]),
             ctx.allow_tf32,
+            ctx.batch_sizes,
         )
     grads = [
         d_input if needs[0] else None,
@@ -325,7 +339,7 @@ def _backward(ctx, grad_outputs, grad_h_n, grad_c_n, _grad_gates=None, _grad_cel
         wrapped = _NoDoubleBackward.apply(len(present), *(grads[k] for k in present), *deps)
         for k, g in zip(present, wrapped):
             grads[k] = g
-    return (*grads, None)  # allow_tf32: a flag
+    return (*grads, None, None)  # allow_tf32, batch_sizes: no gradient
 
 
 class _SequenceFunction(torch.autograd.Function):
@@ -336,10 +350,14 @@ class _SequenceFunction(torch.autograd.Function):
     use the vmap rules below); second derivatives are refused."""
 
     @staticmethod
-    def forward(ctx, input, weights, bias, old_h, old_cell, allow_tf32=False):
-        outputs, h_n, c_n, gates, cells = _seq_forward_below_autograd(input, weights, bias, old_h, old_cell, allow_tf32)
-        # The backward's recurrent products run in the forward's precision.
+    def forward(ctx, input, weights, bias, old_h, old_cell, allow_tf32=False, batch_sizes=None):
+        outputs, h_n, c_n, gates, cells = _seq_forward_below_autograd(
+            input, weights, bias, old_h, old_cell, allow_tf32, batch_sizes
+        )
+        # The backward's recurrent products run in the forward's precision,
+        # over the same steps.
         ctx.allow_tf32 = allow_tf32
+        ctx.batch_sizes = batch_sizes
         # The initial state is saved as copies ([B, S] each): a loop that
         # writes the next state into the buffers it passed (h.copy_(h_n))
         # keeps right gradients, as a loop of cells does. The pre-activations
@@ -358,7 +376,12 @@ class _SequenceFunction(torch.autograd.Function):
     backward = staticmethod(_backward)
 
     @staticmethod
-    def jvp(ctx, t_input, t_weights, t_bias, t_old_h, t_old_cell, _t_allow_tf32=None):
+    def jvp(ctx, t_input, t_weights, t_bias, t_old_h, t_old_cell, _t_allow_tf32=None, _t_batch_sizes=None):
+        if ctx.batch_sizes is not None:
+            raise RuntimeError(
+                f"{OP_FORWARD}: forward-mode AD of a packed run (batch_sizes given) is not supported; "
+                "LLTMSequence runs packed input segment by segment under forward AD"
+            )
         input, weights, old_h, outputs, gates, cells = ctx.saved_tensors
         t_out, t_h, t_c = _sequence_jvp_torch(
             input, weights, old_h, outputs, gates, cells, t_input, t_weights, t_bias, t_old_h, t_old_cell
@@ -429,6 +452,29 @@ def _run(input, weights, bias, old_h, old_cell):
     ):
         return _fast_apply(input, weights, bias, old_h, old_cell, tf32)
     return _seq_forward_below_autograd(input, weights, bias, old_h, old_cell, tf32)
+
+
+def _run_packed_rows(input, weights, bias, old_h, old_cell, batch_sizes):
+    """LLTMSequence's packed run of one layer and direction: ``input`` the
+    packed batch padded to ``[T, B, F]`` (sequences sorted longest first, as a
+    PackedSequence holds them), step t running the first ``batch_sizes[t]``
+    rows only; each row's ``h_n`` / ``c_n`` are those of its own last step.
+    One op call for the whole sequence. Not under forward AD, torch.func or
+    autocast (the module runs segment by segment there)."""
+    tf32 = _allow_tf32(input)
+    if _forward_ad_active() or (
+        torch.is_grad_enabled()
+        and (
+            input.requires_grad
+            or weights.requires_grad
+            or bias.requires_grad
+            or old_h.requires_grad
+            or old_cell.requires_grad
+        )
+    ):
+        # Under forward AD the Function's jvp refuses (never a lost tangent).
+        return _fast_apply(input, weights, bias, old_h, old_cell, tf32, batch_sizes)
+    return _seq_forward_below_autograd(input, weights, bias, old_h, old_cell, tf32, batch_sizes)
 
 
 # -- the public function ---------------------------------------------------------------------
