@@ -90,8 +90,9 @@ def build(session: nox.Session) -> None:
     """Release wheels: dist/cpu/ (`-- cuda`: every CUDA variant, dist/cu130/ ...;
     `-- aarch64`: that platform's wheels, cross-compiled, into the same indexes).
 
-    Each op wheel is repaired to manylinux_2_28 and checked (symbol versions,
-    auditwheel, abi3audit, twine); each folder is a PEP 503 index. The
+    Each op wheel (py3-none: its binary needs no Python) is repaired to
+    manylinux_2_28 and checked (symbol versions, no Python symbol,
+    torch-abi-audit, auditwheel, twine); each folder is a PEP 503 index. The
     sdists of every package go to dist/src/ (native builds)."""
     cross = [p for p in M.platforms.values() if not p.native]
     args = _args(session, {"cuda", *(p.name for p in cross)})

@@ -13,9 +13,14 @@ from opscommon.build import BuildConfigError, choose_variant
 
 def test_target_version_is_torch_2_10():
     assert build.target_version_macro() == "0x020a000000000000"
-    flags = build.compile_flags(cuda=False)["cxx"]
+    flags = build.compile_flags(cuda=False, free_threaded=False)["cxx"]
     assert "-DTORCH_TARGET_VERSION=0x020a000000000000" in flags
     assert "-O3" in flags and f"-DPy_LIMITED_API={build.LIMITED_API_HEX}" in flags
+    # a free-threaded CPython's headers refuse Py_LIMITED_API
+    assert not any("Py_LIMITED_API" in f for f in build.compile_flags(cuda=False, free_threaded=True)["cxx"])
+    assert build.compile_flags(cuda=True, free_threaded=True)["nvcc"] == [
+        f for f in build.compile_flags(cuda=True, free_threaded=False)["nvcc"] if "Py_LIMITED_API" not in f
+    ]
 
 
 def test_cuda_flags_only_for_cuda():

@@ -1,7 +1,7 @@
 """Build helper that every op package's ``setup.py`` calls.
 
 It decides, explicitly and loudly, whether to build the CPU or the CUDA
-variant, and returns a stable-ABI, ``py_limited_api`` extension:
+variant, and returns a stable-ABI extension in a wheel for every Python:
 
 * ``OPS_CUDA=auto`` (default): CUDA when nvcc and a CUDA torch are both
   present, CPU otherwise; the choice and its reason are printed.
@@ -18,6 +18,13 @@ symbol newer than 2.28 (the manylinux_2_28 floor): see
 ``include/opscommon/glibc_compat``. A CUDA build's version carries the
 toolkit as a local label (``0.1.0+cu130``), so CPU and CUDA wheels never share
 a file name.
+
+Wheel tag: ``py3-none-<platform>``, not ``cp310-abi3``. The library calls no
+Python C API (torch loads it with ``torch.ops.load_library``; it is never
+imported as a module), so one wheel serves every CPython from
+``requires-python`` on, free-threaded builds (3.13t, 3.14t) included, which
+an abi3 wheel cannot. The release checks hold every wheel to that: a binary
+with an undefined Python symbol fails them.
 
 Cross-compilation (a wheel for another CPU, e.g. aarch64 built on x86_64):
 ``OPS_CROSS_TORCH`` names the ``torch`` folder of the target platform's torch
@@ -46,9 +53,14 @@ CUDA_ENV = "OPS_CUDA"
 # T4 (7.5) to consumer Blackwell (12.0), PTX for newer GPUs; matrix.toml's
 # cuda.arch_list is the same (tools/tests/test_single_source.py holds them together).
 DEFAULT_CUDA_ARCH_LIST = "7.5;8.0;9.0;10.0;12.0+PTX"
-# Py_LIMITED_API value and wheel tag: one abi3 wheel for every Python >= 3.10.
+# Py_LIMITED_API of a build on a CPython that has a limited API (not the
+# free-threaded ones): should a source ever include Python.h, it sees only
+# the stable ABI of Python >= 3.10 (requires-python). The sources use none.
 LIMITED_API_HEX = "0x030A0000"
-LIMITED_API_TAG = "cp310"
+# The wheel's Python and ABI tags (see the module docstring): any Python 3,
+# no Python ABI; requires-python (>= 3.10) keeps older ones out.
+WHEEL_PYTHON_TAG = "py3"
+WHEEL_ABI_TAG = "none"
 
 # The grammar of TORCH_CUDA_ARCH_LIST, as torch.utils.cpp_extension's
 # _get_cuda_arch_flags reads it (torch 2.13): "native", or entries separated
@@ -384,13 +396,26 @@ def glibc_compat_dir() -> str:
     return os.path.join(get_include(), "opscommon", "glibc_compat")
 
 
-def compile_flags(cuda: bool) -> dict[str, list[str]]:
-    """Compiler flags for the stable ABI targeting torch 2.10, glibc 2.28."""
+def free_threaded_python() -> bool:
+    """Whether the running CPython is a free-threaded build (3.13t, 3.14t)."""
+    import sysconfig
+
+    return bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
+
+
+def compile_flags(cuda: bool, free_threaded: bool | None = None) -> dict[str, list[str]]:
+    """Compiler flags for the stable ABI targeting torch 2.10, glibc 2.28.
+
+    ``Py_LIMITED_API`` only where the building CPython has a limited API
+    (``free_threaded`` False; default: the running one): a free-threaded
+    CPython's headers refuse it."""
+    if free_threaded is None:
+        free_threaded = free_threaded_python()
     compat = glibc_compat_dir()
     common = [
         "-O3",
         f"-DTORCH_TARGET_VERSION={target_version_macro()}",
-        f"-DPy_LIMITED_API={LIMITED_API_HEX}",
+        *([] if free_threaded else [f"-DPy_LIMITED_API={LIMITED_API_HEX}"]),
         # found before the system's <sys/single_threaded.h> (glibc >= 2.32)
         "-isystem",
         compat,
@@ -436,6 +461,8 @@ def extension(package: str, root: str | os.PathLike, variant: Variant | None = N
         name=f"{package}._C",
         include_dirs=[get_include(), str(root / "csrc")],
         extra_compile_args=compile_flags(variant.cuda),
+        # The file name only (_C.abi3.so; a free-threaded CPython has no
+        # abi3 suffix): torch loads it by path, whatever the name says.
         py_limited_api=True,
     )
     if variant.cuda:
@@ -501,6 +528,20 @@ def vendor_into(dest: str | os.PathLike) -> Path:
     return target
 
 
+def _bdist_wheel_command():
+    from setuptools.command.bdist_wheel import bdist_wheel
+
+    class AnyPythonWheel(bdist_wheel):
+        """bdist_wheel that tags the wheel ``py3-none-<platform>``: its
+        library uses no Python C API (see the module docstring)."""
+
+        def get_tag(self) -> tuple[str, str, str]:
+            plat = super().get_tag()[2]
+            return WHEEL_PYTHON_TAG, WHEEL_ABI_TAG, plat
+
+    return AnyPythonWheel
+
+
 def _sdist_command():
     from setuptools.command.sdist import sdist
 
@@ -520,8 +561,9 @@ def setup_kwargs(package: str, version: str, root: str | os.PathLike) -> dict:
 
     Builds ``<package>._C`` with ninja and writes ``<package>/_runtime.py``
     (loader, import-time version checks, argument checks for fake kernels);
-    a CUDA build's version gets its label (``+cu130``); the sdist carries
-    opscommon's build helper and headers.
+    a CUDA build's version gets its label (``+cu130``); the wheel is tagged
+    ``py3-none-<platform>``; the sdist carries opscommon's build helper and
+    headers.
     """
     from torch.utils.cpp_extension import BuildExtension
 
@@ -541,15 +583,15 @@ def setup_kwargs(package: str, version: str, root: str | os.PathLike) -> dict:
             dest.write_text(runtime_module_source(info))
             _log(f"{package}: wrote {dest}")
 
-    options: dict = {"bdist_wheel": {"py_limited_api": LIMITED_API_TAG}}
+    options: dict = {}
     if cross is not None:  # the wheel is tagged for the CPU its binary is for
-        options["bdist_wheel"]["plat_name"] = cross.plat_name
+        options["bdist_wheel"] = {"plat_name": cross.plat_name}
     if label:
         # 0.1.0+cu130: the version itself says which variant a wheel is.
         options["egg_info"] = {"tag_build": f"+{label}"}
         _log(f"{package}: version {version}+{label}")
     return dict(
         ext_modules=[extension(package, root, variant)],
-        cmdclass={"build_ext": BuildOpExtension, "sdist": _sdist_command()},
+        cmdclass={"build_ext": BuildOpExtension, "bdist_wheel": _bdist_wheel_command(), "sdist": _sdist_command()},
         options=options,
     )
