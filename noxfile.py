@@ -5,6 +5,7 @@ each session is for; `nox -l` lists them.
 
     nox -s tests-3.11 [-- PACKAGE ...]   build and test (CPU), compile every CUDA source
     nox -s build [-- cuda]               release wheels, per variant, into dist/<variant>/
+    nox -s test_freethreaded             the CPU wheels on a free-threaded CPython (3.13t)
     nox -s new_op -- NAME                a new op package from the template
     nox -s lint                          ruff and clang-format
     nox -s deploy_across [-- FROM TO]    a .pt2 made with one torch runs with the next
@@ -140,6 +141,17 @@ def test_aarch64(session: nox.Session) -> None:
     Skipped, saying why, without qemu-user or the cross compiler."""
     args = _args(session)
     lanes.emulated_tests(session, M, M.platforms["aarch64"], args.packages, args.rest)
+
+
+@nox.session(python=M.default_python, default=False)
+def test_freethreaded(session: nox.Session) -> None:
+    """The CPU release wheels (py3-none) in a free-threaded CPython with PyPI's
+    free-threaded torch: the GIL stays off, every op package's tests pass
+    (`-- round-op` limits it; other arguments go to pytest). The interpreter
+    is found or built once (tools/freethreaded.py); skipped, saying why,
+    where none can be had."""
+    args = _args(session)
+    lanes.freethreaded_tests(session, M, args.packages, args.rest)
 
 
 @nox.session(python=M.default_python)

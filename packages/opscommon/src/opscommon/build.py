@@ -31,7 +31,11 @@ Cross-compilation (a wheel for another CPU, e.g. aarch64 built on x86_64):
 wheel (its ``include/`` and ``lib/``), ``OPS_CROSS_PLAT`` the wheel platform
 (``linux_aarch64``), and ``CXX`` (with ``CC``, ``LDSHARED``, ``LDCXXSHARED``)
 a compiler for that CPU; see :func:`cross_target`. The installed torch only
-runs the build machinery. An op's sdist carries this helper and the headers
+runs the build machinery (a CPU-only one will do): the CUDA version the
+variant is checked against is the target torch's. A CUDA cross build needs
+a ``CUDA_HOME`` whose ``bin/`` runs here (nvcc, given the cross compiler as
+its host compiler) and whose ``include/`` and ``lib/`` (and
+``targets/<dir>/``, where nvcc looks for them) are the target CPU's. An op's sdist carries this helper and the headers
 (:func:`setup_kwargs` adds them), so it builds with nothing but public
 packages.
 """
@@ -199,13 +203,17 @@ def choose_variant(
 
 
 def detect_variant(env: Mapping[str, str] | None = None) -> Variant:
-    """Choose the variant for this machine, from ``OPS_CUDA`` and what is installed."""
+    """Choose the variant for this machine, from ``OPS_CUDA`` and what is
+    installed: the installed torch's CUDA, or when cross-compiling
+    (:func:`cross_target`) the target platform's torch's."""
     import torch
 
     env = os.environ if env is None else env
     choice = parse_cuda_choice(env.get(CUDA_ENV))
+    cross = cross_target(env)
+    torch_cuda = cross.torch_cuda if cross is not None else torch.version.cuda
     if choice == "0":
-        return choose_variant(choice, torch.version.cuda, None, None)
+        return choose_variant(choice, torch_cuda, None, None)
     nvcc = find_nvcc(env)
     ver = nvcc_version(nvcc) if nvcc else None
     arch_error = None
@@ -214,7 +222,7 @@ def detect_variant(env: Mapping[str, str] | None = None) -> Variant:
             validate_arch_list(env["TORCH_CUDA_ARCH_LIST"])
         except BuildConfigError as e:
             arch_error = str(e)
-    return choose_variant(choice, torch.version.cuda, nvcc, ver, arch_error)
+    return choose_variant(choice, torch_cuda, nvcc, ver, arch_error)
 
 
 def expand_arch_list(value: str) -> list[str]:
@@ -325,6 +333,7 @@ class CrossTarget:
     plat_name: str  # bdist_wheel platform, e.g. ``linux_aarch64``
     compiler: str  # ``$CXX``
     torch_version: str  # ``torch/version.py``'s __version__ of the target wheel
+    torch_cuda: str | None = None  # its ``cuda`` ("13.0"; None for a CPU-only torch)
 
     @property
     def machine(self) -> str:
@@ -377,8 +386,10 @@ def cross_target(env: Mapping[str, str] | None = None) -> CrossTarget | None:
     machine = _compiler_machine(compiler)
     if not machine.startswith(_CROSS_MACHINES[plat] + "-"):
         raise BuildConfigError(f"CXX={compiler!r} compiles for {machine}, not for {plat}")
-    m = re.search(r"^__version__ = '([^']+)'", (torch_root / "version.py").read_text(), re.M)
-    return CrossTarget(torch_root, plat, compiler, m.group(1) if m else "unknown")
+    version_py = (torch_root / "version.py").read_text()
+    m = re.search(r"^__version__ = '([^']+)'", version_py, re.M)
+    cuda = re.search(r"^cuda(?:: [^=]+)? = '([^']+)'", version_py, re.M)
+    return CrossTarget(torch_root, plat, compiler, m.group(1) if m else "unknown", cuda.group(1) if cuda else None)
 
 
 def retarget(ext, cross: CrossTarget) -> None:
@@ -446,6 +457,24 @@ def _sources(root: Path, patterns: Iterable[str]) -> list[str]:
     return found
 
 
+def _prepare_cross_cuda(cross: CrossTarget) -> None:
+    """Checks and settings of a CUDA cross build. nvcc (of the build machine)
+    compiles the device code and hands the host code to $CC (torch passes
+    -ccbin); CUDA_HOME's include/ and lib/ must be the target CPU's."""
+    import torch.utils.cpp_extension as cpp_extension
+
+    for need in ("lib/libtorch_cuda.so", "lib/libc10_cuda.so"):
+        if not (cross.torch_root / need).exists():
+            raise BuildConfigError(f"{CROSS_TORCH_ENV}={cross.torch_root} has no {need} for a CUDA build")
+    if cpp_extension.CUDA_HOME is None:
+        # The torch running the build is CPU-only (the target's is the CUDA
+        # build): torch reads CUDA_HOME only when it was built with CUDA.
+        home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+        if not home:
+            raise BuildConfigError("a CUDA cross build needs CUDA_HOME (nvcc of this machine, the target's CUDA files)")
+        cpp_extension.CUDA_HOME = home
+
+
 def extension(package: str, root: str | os.PathLike, variant: Variant | None = None):
     """Return the stable-ABI extension ``<package>._C`` from ``root/csrc``.
 
@@ -465,17 +494,20 @@ def extension(package: str, root: str | os.PathLike, variant: Variant | None = N
         # abi3 suffix): torch loads it by path, whatever the name says.
         py_limited_api=True,
     )
-    if variant.cuda:
-        ensure_arch_list()
-        ext = CUDAExtension(sources=sources + _sources(root, ["csrc/**/*.cu"]), **kwargs)
-    else:
-        ext = CppExtension(sources=sources, **kwargs)
     cross = cross_target()
     if cross is not None:
         _log(
             f"{package}: cross-compiling for {cross.plat_name} with {cross.compiler}, "
             f"against torch {cross.torch_version} at {cross.torch_root}"
         )
+        if variant.cuda:
+            _prepare_cross_cuda(cross)
+    if variant.cuda:
+        ensure_arch_list()
+        ext = CUDAExtension(sources=sources + _sources(root, ["csrc/**/*.cu"]), **kwargs)
+    else:
+        ext = CppExtension(sources=sources, **kwargs)
+    if cross is not None:
         retarget(ext, cross)
     return ext
 
