@@ -137,7 +137,8 @@ def build(session: nox.Session) -> None:
 def test_aarch64(session: nox.Session) -> None:
     """The aarch64 wheels, cross-compiled, with PyPI's aarch64 torch in an
     aarch64 CPython under qemu-aarch64: every op package's tests but
-    torch.compile's (`-- round-op` limits it; other arguments go to pytest).
+    torch.compile's (`-- round-op` limits it; other arguments go to pytest),
+    then the cu130 wheels load with their CUDA kernels (not run: no GPU).
     Skipped, saying why, without qemu-user or the cross compiler."""
     args = _args(session)
     lanes.emulated_tests(session, M, M.platforms["aarch64"], args.packages, args.rest)

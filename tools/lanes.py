@@ -310,8 +310,9 @@ EMULATED_DESELECT = "compile"
 def emulated_tests(session: Any, m: Matrix, plat: Platform, packages: list[str], pytest_args: list[str]) -> None:
     """The platform's wheels, cross-compiled here, and its torch from PyPI, in
     an emulated CPython of that CPU: every op package's test suite (less
-    what :data:`EMULATED_DESELECT` names). Skipped, with the reason, where
-    the emulator, the cross compiler or the packages cannot be had."""
+    what :data:`EMULATED_DESELECT` names); then its CUDA wheels load there
+    with their CUDA kernels. Skipped, with the reason, where the emulator,
+    the cross compiler or the packages cannot be had."""
     from . import emulated
 
     results = Results(session, "emulated", row=plat.name, label=f"{plat.name} wheels under {plat.test.get('emulator')}")
@@ -333,6 +334,7 @@ def emulated_tests(session: Any, m: Matrix, plat: Platform, packages: list[str],
         session.skip(str(exc))
     site = target_site(session, m, plat)
     ops = steps.tmp(session, f"site-ops-{plat.name}")
+    session.install("pip")  # for --target and --platform (target_site installs it only on a cold cache)
     session.run(
         "python",
         "-m",
@@ -380,7 +382,59 @@ def emulated_tests(session: Any, m: Matrix, plat: Platform, packages: list[str],
             ok, text = False, "no test passed: " + text
         took = time.perf_counter() - start
         results.add(package, check, "pass" if ok else "fail", f"{text} in {took:.0f} s", counts=counts)
+    for variant in [v for v in plat.variants if v != "cpu"]:
+        _emulated_cuda_load(session, m, plat, variant, built, python, site, results)
     results.finish()
+
+
+def _emulated_cuda_load(
+    session: Any, m: Matrix, plat: Platform, variant: str, packages: list[str], python: Path, site: Path, r: Results
+) -> None:
+    """The platform's CUDA wheels, cross-compiled, load in its torch (a CUDA
+    build) under the emulator and register their CUDA kernels (no GPU is
+    needed for that; running them needs one: not here)."""
+    work = steps.tmp(session, f"built-{variant}-{plat.name}")
+    built = build_cross(session, m, plat, variant, packages, r, work, f"{plat.name} {variant}: build")
+    ops = steps.tmp(session, f"site-ops-{variant}-{plat.name}")
+    session.run(
+        "python",
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--no-deps",
+        "--target",
+        str(ops),
+        *steps.pip_platforms(plat.wheel_tag),
+        "--python-version",
+        plat.test["python"],
+        "--only-binary=:all:",
+        *map(str, sorted(work.glob("*.whl"))),
+    )
+    env = {"PYTHONPATH": f"{ops}{os.pathsep}{site}"}
+    for package in built:
+        out = steps.tmp(session, f"check-load-{variant}-{package}") / "result.json"
+        with session.chdir(steps.tmp(session, "run")):
+            try:
+                session.run(
+                    str(python),
+                    str(steps.SCRIPTS / "check_load.py"),
+                    import_name(package),
+                    "--expect",
+                    "cuda",
+                    "--json",
+                    str(out),
+                    env=env,
+                    external=True,
+                )
+            except steps.CommandFailed:
+                pass
+        try:
+            res = json.loads(out.read_text())
+        except (OSError, ValueError):
+            res = {"status": "fail", "detail": "check_load.py did not finish (crash at import?)"}
+        text = "CUDA kernels loaded (not run: no GPU)" if res["status"] == "pass" else "FAILED"
+        r.add(package, f"{plat.name} {variant}: load", res["status"], text, res["detail"])
 
 
 def _uv() -> str | None:

@@ -1,6 +1,6 @@
 """matrix.toml, typed and loaded once.
 
-Everything that names the torch floor, the abi3 floor, the CUDA arch list,
+Everything that names the torch floor, the Python floor, the CUDA arch list,
 the torch releases or the CUDA toolkits reads it from here; copies that must
 exist elsewhere (opscommon's build constants, the pyprojects, the recipes)
 are held to it by ``tools/tests/test_single_source.py``.
