@@ -527,6 +527,11 @@ def cross_cuda_home(session: Any, tk: Toolkit, plat: Platform, host_home: Path) 
     torch's build under ``include/`` and ``lib/``: the folder has both."""
     if tk.source != "pypi":
         raise ValueError(f"CUDA {tk.version} comes from {tk.source}: {plat.name}'s target files come from PyPI wheels")
+    nvcc = host_home / "bin" / "nvcc"
+    if not nvcc.is_file() or nvcc.read_bytes()[:4] != b"\x7fELF":
+        # nvcc finds its files (and targets/) from where it runs: a wrapper
+        # script that starts one elsewhere would look there instead
+        raise ValueError(f"{nvcc} is not the nvcc program itself (a wrapper script?): use the toolkit's own folder")
     files = CACHE / f"cuda-{tk.version}-{plat.wheel_tag}"
     if not (files / ".complete").is_file():
         session.install("pip")

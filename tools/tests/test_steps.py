@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sysconfig
+from pathlib import Path
+
 import pytest
 
 from tools import steps
@@ -120,6 +123,9 @@ def test_cross_cuda_home_runs_the_host_toolkit_on_the_target_files(tmp_path, mon
     (host / "nvvm" / "bin").mkdir(parents=True)
     for tool in ("nvcc", "nvcc.profile", "ptxas"):
         (host / "bin" / tool).write_text(tool)
+    with pytest.raises(ValueError, match="not the nvcc program itself"):  # e.g. a wrapper script
+        steps.cross_cuda_home(_TmpSession(tmp_path / "tmp0"), tk, arm, host)
+    (host / "bin" / "nvcc").write_bytes(b"\x7fELF" + bytes(60))
     home = steps.cross_cuda_home(_TmpSession(tmp_path / "tmp"), tk, arm, host)
     # nvcc's own folder is home/bin (a real folder), so it finds targets/ under home
     assert (home / "bin").is_dir() and not (home / "bin").is_symlink()
@@ -130,6 +136,13 @@ def test_cross_cuda_home_runs_the_host_toolkit_on_the_target_files(tmp_path, mon
         assert (home / where / "lib" / "libcudart.so").resolve() == (files / "lib" / "libcudart.so.13").resolve()
     with pytest.raises(ValueError, match="target files come from PyPI"):
         steps.cross_cuda_home(_TmpSession(tmp_path / "tmp2"), m.toolkits["12.4"], arm, host)
+
+
+def _is_elf(path: Path) -> bool:
+    try:
+        return path.read_bytes()[:4] == b"\x7fELF"
+    except OSError:
+        return False
 
 
 def test_cross_cuda_home_compiles_cuda_for_aarch64(tmp_path):
@@ -144,7 +157,15 @@ def test_cross_cuda_home_compiles_cuda_for_aarch64(tmp_path):
     m = matrix.load()
     arm, tk = m.platforms["aarch64"], m.toolkits["13.0"]
     files = steps.CACHE / f"cuda-{tk.version}-{arm.wheel_tag}"
-    host = toolkits.from_cuda_home(tk.version) or toolkits.find_system_toolkit(tk.version)[0]
+    # a toolkit whose nvcc is the program itself (not a wrapper script elsewhere):
+    # this environment's PyPI one (tests-3.11 installs it), CUDA_HOME's, a system one
+    candidates = [
+        toolkits.locate(tk, Path(sysconfig.get_paths()["purelib"]))[0],
+        toolkits.from_cuda_home(tk.version),
+        Path(f"/usr/local/cuda-{tk.version}"),
+        toolkits.find_system_toolkit(tk.version)[0],
+    ]
+    host = next((h for h in candidates if h is not None and _is_elf(h / "bin" / "nvcc")), None)
     if shutil.which("aarch64-linux-gnu-g++") is None or host is None or not (files / ".complete").is_file():
         pytest.skip("needs aarch64-linux-gnu-g++, a CUDA 13.0 nvcc and `nox -s build -- aarch64 cuda` run once")
     home = steps.cross_cuda_home(_TmpSession(tmp_path / "tmp"), tk, arm, host)
