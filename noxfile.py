@@ -5,6 +5,7 @@ each session is for; `nox -l` lists them.
 
     nox -s tests-3.11 [-- PACKAGE ...]   build and test (CPU), compile every CUDA source
     nox -s build [-- cuda]               release wheels, per variant, into dist/<variant>/
+    nox -s test_freethreaded             the CPU wheels on a free-threaded CPython (3.13t)
     nox -s new_op -- NAME                a new op package from the template
     nox -s lint                          ruff and clang-format
     nox -s deploy_across [-- FROM TO]    a .pt2 made with one torch runs with the next
@@ -90,8 +91,9 @@ def build(session: nox.Session) -> None:
     """Release wheels: dist/cpu/ (`-- cuda`: every CUDA variant, dist/cu130/ ...;
     `-- aarch64`: that platform's wheels, cross-compiled, into the same indexes).
 
-    Each op wheel is repaired to manylinux_2_28 and checked (symbol versions,
-    auditwheel, abi3audit, twine); each folder is a PEP 503 index. The
+    Each op wheel (py3-none: its binary needs no Python) is repaired to
+    manylinux_2_28 and checked (symbol versions, no Python symbol,
+    torch-abi-audit, auditwheel, twine); each folder is a PEP 503 index. The
     sdists of every package go to dist/src/ (native builds)."""
     cross = [p for p in M.platforms.values() if not p.native]
     args = _args(session, {"cuda", *(p.name for p in cross)})
@@ -135,10 +137,22 @@ def build(session: nox.Session) -> None:
 def test_aarch64(session: nox.Session) -> None:
     """The aarch64 wheels, cross-compiled, with PyPI's aarch64 torch in an
     aarch64 CPython under qemu-aarch64: every op package's tests but
-    torch.compile's (`-- round-op` limits it; other arguments go to pytest).
+    torch.compile's (`-- round-op` limits it; other arguments go to pytest),
+    then the cu130 wheels load with their CUDA kernels (not run: no GPU).
     Skipped, saying why, without qemu-user or the cross compiler."""
     args = _args(session)
     lanes.emulated_tests(session, M, M.platforms["aarch64"], args.packages, args.rest)
+
+
+@nox.session(python=M.default_python, default=False)
+def test_freethreaded(session: nox.Session) -> None:
+    """The CPU release wheels (py3-none) in a free-threaded CPython with PyPI's
+    free-threaded torch: the GIL stays off, every op package's tests pass
+    (`-- round-op` limits it; other arguments go to pytest). The interpreter
+    is found or built once (tools/freethreaded.py); skipped, saying why,
+    where none can be had."""
+    args = _args(session)
+    lanes.freethreaded_tests(session, M, args.packages, args.rest)
 
 
 @nox.session(python=M.default_python)

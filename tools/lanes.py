@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -60,22 +61,37 @@ def build_cross(
 ) -> list[str]:
     """Cross-compile every package's ``variant`` wheel for ``plat`` into
     ``dest`` (the session has the build machine's torch, which runs the build;
-    the binaries compile against PyPI's torch wheel for ``plat``). Returns the
-    packages built; without the cross compiler each is a skip, with the reason."""
+    the binaries compile against PyPI's torch wheel for ``plat``; a CUDA
+    variant with this machine's nvcc and the target CPU's CUDA files, see
+    steps.cross_cuda_home). Returns the packages built; without the cross
+    compiler each is a skip, with the reason."""
     missing = steps.cross_compiler_missing(plat)
     if missing:
         for package in packages:
             results.add(package, check, "skip", "no cross compiler", missing)
         return []
-    if variant != "cpu":
+    if variant not in plat.variants:
         raise ValueError(f"{variant} is not built for {plat.name}: only {', '.join(plat.variants)}")
     torch_root = steps.target_torch(session, m.torches[plat.torch].version, plat.wheel_tag, m.default_python)
     steps.install_wheel(session, steps.build_wheel(session, COMMON, dest, cuda=False))
     env = steps.cross_build_env(plat, torch_root)
+    cuda = variant != "cpu"
+    if cuda:  # nvcc of this machine, the target CPU's CUDA headers and libcudart (steps.cross_cuda_home)
+        tk = m.toolkit_of_variant(variant)
+        session.install(*toolkits.requirements(tk))
+        host, reason = steps.toolkit_home(session, tk)
+        if host is None:
+            session.error(reason)
+        home = steps.cross_cuda_home(session, tk, plat, host)
+        env.update(
+            CUDA_HOME=str(home),
+            TORCH_CUDA_ARCH_LIST=os.environ.get("TORCH_CUDA_ARCH_LIST") or tk.arch_list,
+            PATH=f"{home / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
+        )
     built = []
     for package in packages:
         try:
-            wheel = steps.build_wheel(session, package, dest, cuda=False, env=env)
+            wheel = steps.build_wheel(session, package, dest, cuda=cuda, env=env)
         except (steps.CommandFailed, ValueError) as exc:
             results.add(package, check, "fail", "build failed", str(exc))
             continue
@@ -294,8 +310,9 @@ EMULATED_DESELECT = "compile"
 def emulated_tests(session: Any, m: Matrix, plat: Platform, packages: list[str], pytest_args: list[str]) -> None:
     """The platform's wheels, cross-compiled here, and its torch from PyPI, in
     an emulated CPython of that CPU: every op package's test suite (less
-    what :data:`EMULATED_DESELECT` names). Skipped, with the reason, where
-    the emulator, the cross compiler or the packages cannot be had."""
+    what :data:`EMULATED_DESELECT` names); then its CUDA wheels load there
+    with their CUDA kernels. Skipped, with the reason, where the emulator,
+    the cross compiler or the packages cannot be had."""
     from . import emulated
 
     results = Results(session, "emulated", row=plat.name, label=f"{plat.name} wheels under {plat.test.get('emulator')}")
@@ -317,6 +334,7 @@ def emulated_tests(session: Any, m: Matrix, plat: Platform, packages: list[str],
         session.skip(str(exc))
     site = target_site(session, m, plat)
     ops = steps.tmp(session, f"site-ops-{plat.name}")
+    session.install("pip")  # for --target and --platform (target_site installs it only on a cold cache)
     session.run(
         "python",
         "-m",
@@ -364,4 +382,184 @@ def emulated_tests(session: Any, m: Matrix, plat: Platform, packages: list[str],
             ok, text = False, "no test passed: " + text
         took = time.perf_counter() - start
         results.add(package, check, "pass" if ok else "fail", f"{text} in {took:.0f} s", counts=counts)
+    for variant in [v for v in plat.variants if v != "cpu"]:
+        _emulated_cuda_load(session, m, plat, variant, built, python, site, results)
+    results.finish()
+
+
+def _emulated_cuda_load(
+    session: Any, m: Matrix, plat: Platform, variant: str, packages: list[str], python: Path, site: Path, r: Results
+) -> None:
+    """The platform's CUDA wheels, cross-compiled, load in its torch (a CUDA
+    build) under the emulator and register their CUDA kernels (no GPU is
+    needed for that; running them needs one: not here)."""
+    work = steps.tmp(session, f"built-{variant}-{plat.name}")
+    built = build_cross(session, m, plat, variant, packages, r, work, f"{plat.name} {variant}: build")
+    ops = steps.tmp(session, f"site-ops-{variant}-{plat.name}")
+    session.run(
+        "python",
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--no-deps",
+        "--target",
+        str(ops),
+        *steps.pip_platforms(plat.wheel_tag),
+        "--python-version",
+        plat.test["python"],
+        "--only-binary=:all:",
+        *map(str, sorted(work.glob("*.whl"))),
+    )
+    env = {"PYTHONPATH": f"{ops}{os.pathsep}{site}"}
+    for package in built:
+        out = steps.tmp(session, f"check-load-{variant}-{package}") / "result.json"
+        with session.chdir(steps.tmp(session, "run")):
+            try:
+                session.run(
+                    str(python),
+                    str(steps.SCRIPTS / "check_load.py"),
+                    import_name(package),
+                    "--expect",
+                    "cuda",
+                    "--json",
+                    str(out),
+                    env=env,
+                    external=True,
+                )
+            except steps.CommandFailed:
+                pass
+        try:
+            res = json.loads(out.read_text())
+        except (OSError, ValueError):
+            res = {"status": "fail", "detail": "check_load.py did not finish (crash at import?)"}
+        text = "CUDA kernels loaded (not run: no GPU)" if res["status"] == "pass" else "FAILED"
+        r.add(package, f"{plat.name} {variant}: load", res["status"], text, res["detail"])
+
+
+def _uv() -> str | None:
+    """uv's executable: on PATH, or the one installed with nox (its uv backend)."""
+    found = shutil.which("uv")
+    if found:
+        return found
+    try:
+        import uv  # the `uv` package beside nox
+
+        return uv.find_uv_bin()
+    except (ImportError, FileNotFoundError):
+        return None
+
+
+def _install_for(session: Any, python: Path, target: Path, *args: str) -> None:
+    """pip install --target for the interpreter ``python`` (its tags decide
+    what installs): with uv where it is, else with that interpreter's pip."""
+    uv = _uv()
+    if uv:
+        cmd = [uv, "pip", "install", "--quiet", "--python", str(python), "--target", str(target), *args]
+    else:  # the interpreter's own pip (tools.freethreaded's build installs one)
+        cmd = [str(python), "-m", "pip", "install", "--quiet", "--target", str(target), *args]
+    session.run(*cmd, external=True)
+
+
+def freethreaded_site(session: Any, m: Matrix, python: Path) -> Path:
+    """A folder (for PYTHONPATH) with PyPI's free-threaded torch of
+    ``[python.freethreaded] torch`` and the test requirements for the
+    interpreter ``python``, installed once into the cache (wheels only: an
+    sdist would have to build for the free-threaded ABI)."""
+    version = m.torches[m.freethreaded["torch"]].version
+    abi = "cp" + m.freethreaded["version"].replace(".", "") + "t"
+    site = steps.CACHE / f"site-{abi}-torch-{version}"
+    done = site / ".complete"
+    if done.is_file():
+        return site
+    shutil.rmtree(site, ignore_errors=True)
+    start = time.perf_counter()
+    _install_for(session, python, site, "--only-binary=:all:", f"torch=={version}", *steps.TEST_REQS)
+    size = sum(p.stat().st_size for p in site.rglob("*") if p.is_file()) / 2**30
+    took = time.perf_counter() - start
+    session.log(f"torch {version} ({abi}) and the test requirements in {site}: {size:.1f} GiB in {took:.0f} s")
+    done.write_text(f"torch=={version}\n")
+    return site
+
+
+def freethreaded_tests(session: Any, m: Matrix, packages: list[str], pytest_args: list[str]) -> None:
+    """The CPU release wheels (py3-none, repaired and checked as `nox -s
+    build` does) in a free-threaded CPython with PyPI's free-threaded torch:
+    importing each op package keeps the GIL off, then every op package's
+    test suite runs with the GIL off. Skipped, with the reason, where no
+    free-threaded interpreter can be had (tools/freethreaded.py)."""
+    from . import freethreaded
+
+    ft = m.freethreaded
+    tag = f"{ft.get('version', '?')}t"
+    results = Results(session, "freethreaded", row=tag, label=f"CPU wheels on free-threaded CPython {tag}")
+    try:
+        python = freethreaded.interpreter(ft, steps.CACHE, os.cpu_count() or 1, session.log)
+    except freethreaded.Unavailable as exc:
+        for package in packages:
+            results.add(package, f"{tag}: tests", "skip", "no free-threaded CPython", str(exc))
+        results.finish()
+        session.skip(str(exc))
+    work = steps.tmp(session, "built-cpu")
+    _, built = build_variant(session, m, "cpu", packages, results, work, "cpu: build", *wheels.AUDIT_TOOLS)
+    dist = steps.tmp(session, "dist-cpu")
+    release(session, results, built, work, dist, "cpu")
+    site = freethreaded_site(session, m, python)
+    ops = steps.tmp(session, "site-ops")
+    # the interpreter's installer accepts the py3-none wheels (an abi3 one it refuses)
+    wheels_ = [*sorted(work.glob("opscommon-*.whl")), *sorted(dist.glob("*.whl"))]
+    _install_for(session, python, ops, "--no-deps", *map(str, wheels_))
+    env = {"PYTHONPATH": f"{ops}{os.pathsep}{site}"}
+    installed = [p for p in built if any(dist.glob(f"{import_name(p)}-*.whl"))]
+    # A module that does not declare itself free-threading safe turns the GIL
+    # back on when it is loaded (with a RuntimeWarning naming it). The op
+    # libraries are not Python modules; what importing each package loads is
+    # checked here, in a fresh interpreter each.
+    for package in installed:
+        gil = (
+            "import sys, warnings; warnings.simplefilter('error', RuntimeWarning); import torch\n"
+            f"try:\n    import {import_name(package)}\n"
+            "except RuntimeWarning as w:\n    sys.exit(f'GIL enabled: {w}')\n"
+            "print(sys.version.split()[0], 'GIL enabled' if sys._is_gil_enabled() else 'GIL disabled')\n"
+            "sys.exit(sys._is_gil_enabled())"
+        )
+        check = f"{tag}: import keeps the GIL off"
+        out = subprocess.run([str(python), "-c", gil], env={**os.environ, **env}, capture_output=True, text=True)
+        said = (out.stdout + out.stderr).strip().splitlines() or ["(no output)"]
+        if out.returncode == 0:
+            results.add(package, check, "pass", said[-1], f"import torch, {import_name(package)}")
+        else:
+            results.add(package, check, "fail", "importing it enables the GIL (or fails)", said[-1])
+    # The suites run with the GIL off whatever a module of torch's declares
+    # (PYTHON_GIL=0): the threads of the ops' thread-safety tests then really
+    # run at once.
+    env["PYTHON_GIL"] = "0"
+    for package in installed:
+        junit = steps.tmp(session, f"junit/freethreaded-{package}") / "junit.xml"
+        start = time.perf_counter()
+        ok = True
+        with session.chdir(steps.tmp(session, "run")):
+            try:
+                session.run(
+                    str(python),
+                    "-m",
+                    "pytest",
+                    "-q",
+                    "-ra",
+                    "-p",
+                    "no:cacheprovider",
+                    f"--junitxml={junit}",
+                    str(steps.PACKAGES / package / "tests"),
+                    *pytest_args,
+                    env=env,
+                    external=True,
+                )
+            except steps.CommandFailed:
+                ok = False
+        counts = steps.junit_counts(junit)
+        text = f"{counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped"
+        if ok and counts["passed"] == 0:
+            ok, text = False, "no test passed: " + text
+        took = time.perf_counter() - start
+        results.add(package, f"{tag}: tests", "pass" if ok else "fail", f"{text} in {took:.0f} s", counts=counts)
     results.finish()

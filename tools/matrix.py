@@ -1,6 +1,6 @@
 """matrix.toml, typed and loaded once.
 
-Everything that names the torch floor, the abi3 floor, the CUDA arch list,
+Everything that names the torch floor, the Python floor, the CUDA arch list,
 the torch releases or the CUDA toolkits reads it from here; copies that must
 exist elsewhere (opscommon's build constants, the pyprojects, the recipes)
 are held to it by ``tools/tests/test_single_source.py``.
@@ -94,6 +94,9 @@ class Matrix:
     lane_toolkit: str
     cpu_wheel_torch: str
     platforms: Mapping[str, Platform] = field(default_factory=dict)
+    # [python.freethreaded]: the free-threaded CPython lane (version, torch,
+    # where its interpreter's source comes from); empty when not configured
+    freethreaded: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def native_platform(self) -> Platform:
@@ -187,7 +190,11 @@ def parse(data: Mapping[str, Any]) -> Matrix:
         lane_toolkit=lanes["cuda_toolkit"],
         cpu_wheel_torch=lanes["cpu_wheel_torch"],
         platforms=platforms,
+        freethreaded=data["python"].get("freethreaded", {}),
     )
+    ft = m.freethreaded
+    if ft and (ft.get("torch") not in torches or not ft.get("version")):
+        raise ValueError("matrix.toml: python.freethreaded needs a `version` and a listed `torch` series")
     for name, series in (("torch", m.lane_torch), ("cpu_wheel_torch", m.cpu_wheel_torch)):
         if series not in torches:
             raise ValueError(f"matrix.toml: lanes.{name} = {series!r} is not a listed torch series")

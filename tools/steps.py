@@ -516,6 +516,69 @@ def cross_build_env(plat: Platform, torch_root: Path) -> dict[str, str]:
     }
 
 
+def cross_cuda_home(session: Any, tk: Toolkit, plat: Platform, host_home: Path) -> Path:
+    """A CUDA_HOME for cross-compiling ``tk``'s variant for ``plat``: the
+    build machine's toolkit ``host_home`` runs (``bin/``: nvcc, ptxas...,
+    ``nvvm/``: cicc compile the device code, which does not depend on the
+    CPU), while ``include/`` and ``lib/`` (libcudart) are the target CPU's,
+    from the toolkit's pinned PyPI wheels for ``plat`` (downloaded once into
+    the cache; headers and libraries only). nvcc looks for them under
+    ``targets/<cpu>-linux/`` when its host compiler is for another CPU, and
+    torch's build under ``include/`` and ``lib/``: the folder has both."""
+    if tk.source != "pypi":
+        raise ValueError(f"CUDA {tk.version} comes from {tk.source}: {plat.name}'s target files come from PyPI wheels")
+    nvcc = host_home / "bin" / "nvcc"
+    if not nvcc.is_file() or nvcc.read_bytes()[:4] != b"\x7fELF":
+        # nvcc finds its files (and targets/) from where it runs: a wrapper
+        # script that starts one elsewhere would look there instead
+        raise ValueError(f"{nvcc} is not the nvcc program itself (a wrapper script?): use the toolkit's own folder")
+    files = CACHE / f"cuda-{tk.version}-{plat.wheel_tag}"
+    if not (files / ".complete").is_file():
+        session.install("pip")
+        shutil.rmtree(files, ignore_errors=True)
+        download = tmp(session, "cuda-target-wheels")
+        session.run(
+            "python",
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--no-deps",
+            "--only-binary=:all:",
+            *pip_platforms(plat.wheel_tag),
+            "-d",
+            str(download),
+            *tk.requirements,
+        )
+        staging = tmp(session, "cuda-target")
+        prefix = (tk.home or "").rstrip("/") + "/"
+        for wheel in sorted(download.glob("*.whl")):
+            with zipfile.ZipFile(wheel) as zf:
+                members = [n for n in zf.namelist() if n.startswith((prefix + "include/", prefix + "lib/"))]
+                zf.extractall(staging, members)
+        CACHE.mkdir(parents=True, exist_ok=True)
+        shutil.move(staging / (tk.home or ""), files)
+        (files / ".complete").write_text("\n".join(p.name for p in sorted(download.glob("*.whl"))) + "\n")
+        session.log(f"CUDA {tk.version} headers and libraries for {plat.name} in {files}")
+    home = tmp(session, f"cuda-{tk.version}-{plat.name}-home")
+    (home / "bin").mkdir(parents=True)
+    for tool in sorted((host_home / "bin").iterdir()):  # a real bin/: nvcc finds the rest from it
+        (home / "bin" / tool.name).symlink_to(tool.resolve())
+    (home / "nvvm").symlink_to((host_home / "nvvm").resolve())
+    (home / "include").symlink_to(files / "include")
+    (home / "lib").mkdir()
+    for lib in sorted((files / "lib").iterdir()):
+        (home / "lib" / lib.name).symlink_to(lib)
+    runtime = sorted((files / "lib").glob("libcudart.so.*"))
+    if runtime and not (home / "lib" / "libcudart.so").exists():
+        (home / "lib" / "libcudart.so").symlink_to(runtime[0].name)  # the name the linker looks for
+    (home / "targets").mkdir()
+    (home / "targets" / f"{plat.name}-linux").symlink_to("..")
+    if plat.name == "aarch64":  # the server (SBSA) name nvcc's own cross packages use
+        (home / "targets" / "sbsa-linux").symlink_to("..")
+    return home
+
+
 def cross_compiler_missing(plat: Platform) -> str | None:
     """Why ``plat``'s cross compiler cannot be used here, or None."""
     cxx = f"{plat.cross_prefix}g++"

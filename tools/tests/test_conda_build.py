@@ -89,6 +89,18 @@ def test_conda_forge_variants_come_from_matrix_toml():
     assert set(v["c_stdlib_version"]) == {cb.GLIBC_FLOOR} == {elf.MANYLINUX_2_28["GLIBC"]}
 
 
+def test_linux_aarch64_variants_are_those_of_the_aarch64_wheels():
+    m = load()
+    v = cb.conda_forge_variants(m, "linux-aarch64")
+    _zipped_lengths_agree(v)
+    built = m.platforms["aarch64"].variants
+    want = ["None", *(tk.version for tk in m.toolkits.values() if tk.variant in built)]
+    assert v["cuda_compiler_version"] == want and "None" in want
+    assert set(want) < {"None", *m.toolkits}  # cu124 (Debian's toolkit) has no aarch64 build
+    assert cb.variant_file("linux-aarch64").name == "variants-linux-aarch64.yaml"
+    assert "not built offline" in cb.AARCH64_NOT_BUILT
+
+
 def test_bootstrap_variants_name_the_same_keys_one_value_each():
     boot = {
         "c_compiler_version": "12",
@@ -130,6 +142,13 @@ VARIANT = {"is_abi3": True, "is_python_min": False, "cuda_compiler_version": "No
 )
 def test_skip_value(expr, expected):
     assert cb.skip_value(expr, VARIANT) is expected
+
+
+def test_skip_value_knows_the_platform_it_renders_for():
+    assert cb.skip_value("x86_64 or linux64", VARIANT, "linux-64")
+    assert not cb.skip_value("x86_64 or linux64", VARIANT, "linux-aarch64")
+    assert cb.skip_value("aarch64 and linux", VARIANT, "linux-aarch64")
+    assert not cb.skip_value("aarch64", VARIANT)
 
 
 def test_skip_value_refuses_unknown_names_and_calls():

@@ -139,3 +139,24 @@ def test_op_recipes_render_one_abi3_build_per_flavour():
     assert flavours == sorted(["None", *matrix.toolkits])
     assert {v.variant["python"] for v in rendered.kept} == {f"{matrix.abi3_min}.* *_cpython"}
     assert len(rendered.skipped) == len(flavours) * (len(matrix.pythons) - 1)
+
+
+def test_op_recipes_render_for_linux_aarch64():
+    """The same recipe for linux-aarch64: the CPU package and the CUDA ones
+    of the variants matrix.toml builds aarch64 wheels of."""
+    pytest.importorskip("rattler_build")
+    from tools import conda_build
+
+    matrix = load()
+    variant_file = conda_build.write_variants(
+        conda_build.conda_forge_variants(matrix, "linux-aarch64"),
+        PACKAGES.parent / "build" / "conda" / "test-variants-aarch64.yaml",
+    )
+    try:
+        rendered = conda_build.render(op_packages()[0], variant_file, "linux-aarch64")
+    finally:
+        variant_file.unlink()
+    built = matrix.platforms["aarch64"].variants
+    want = ["None", *(tk.version for tk in matrix.toolkits.values() if tk.variant in built)]
+    assert sorted(v.variant["cuda_compiler_version"] for v in rendered.kept) == sorted(want)
+    assert {v.variant["target_platform"] for v in rendered.kept} == {"linux-aarch64"}

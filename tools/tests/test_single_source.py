@@ -1,4 +1,4 @@
-"""matrix.toml is the one source of the torch floor, the abi3 floor and the
+"""matrix.toml is the one source of the torch floor, the Python floor and the
 arch list. Copies that must exist elsewhere (opscommon's build constants,
 which travel in every sdist; the pyprojects; the README) are held to it here."""
 
@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from tools import ROOT, matrix
+from tools import ROOT, matrix, wheels
 from tools.packages import COMMON, PACKAGES, op_packages
 
 M = matrix.load()
@@ -34,7 +34,9 @@ def test_torch_floor():
 def test_abi3_floor():
     major, minor = M.abi3_min.split(".")
     assert _constant(BUILD_PY, "LIMITED_API_HEX") == f"0x{int(major):02X}{int(minor):02X}0000"
-    assert _constant(BUILD_PY, "LIMITED_API_TAG") == f"cp{major}{minor}"
+    # the wheel's tags: every Python 3 (requires-python sets the floor), no ABI
+    assert (_constant(BUILD_PY, "WHEEL_PYTHON_TAG"), _constant(BUILD_PY, "WHEEL_ABI_TAG")) == ("py3", "none")
+    assert wheels.PYTHON_TAGS == "py3-none"  # what the release checks require
 
 
 def test_arch_list():

@@ -75,6 +75,48 @@ def test_compat_headers_keep_an_aarch64_binary_at_its_first_glibc(tmp_path):
     assert elf.exceeds(plain, elf.MANYLINUX_2_28), "a plain build should need a newer glibc (exp, dlsym)"
 
 
+PYTHON_USER = """
+#include <Python.h>
+extern "C" PyObject* boxed(long x) { return PyLong_FromLong(x); }
+"""
+
+
+def _python_user(tmp_path, gxx="g++", extra=()):
+    import sysconfig
+
+    (tmp_path / "p.cpp").write_text(PYTHON_USER)
+    out = tmp_path / "p.so"
+    cmd = [gxx, "-shared", "-fPIC", "-I", sysconfig.get_paths()["include"], str(tmp_path / "p.cpp"), "-o", str(out)]
+    subprocess.run([*cmd, *extra], check=True)
+    return out
+
+
+@needs_gxx
+def test_python_imports_finds_the_python_c_api_and_libpython(tmp_path):
+    """What makes a py3-none wheel a lie: a Python C API symbol, or libpython."""
+    assert elf.python_imports(_build(tmp_path, [])) == []  # C++ and libc only
+    assert elf.python_imports(_python_user(tmp_path)) == ["PyLong_FromLong"]
+    # a library linked to a libpython (a stand-in: its NEEDED entry is what counts)
+    fake = tmp_path / "libpython3.99.so"
+    subprocess.run(["g++", "-shared", "-fPIC", "-x", "c++", "/dev/null", "-o", str(fake)], check=True)
+    linked = _python_user(tmp_path, extra=["-Wl,--no-as-needed", "-L", str(tmp_path), "-lpython3.99"])
+    assert elf.python_imports(linked) == ["PyLong_FromLong", "libpython3.99.so"]
+
+
+@needs_cross
+def test_python_imports_reads_an_aarch64_binary(tmp_path):
+    assert elf.python_imports(_python_user(tmp_path, CROSS_GXX)) == ["PyLong_FromLong"]
+
+
+def test_wheel_tag_of_a_file_name():
+    assert wheels.wheel_tag("lltm_op-0.4.0+cu130-py3-none-manylinux_2_28_x86_64.whl") == (
+        "py3-none-manylinux_2_28_x86_64"
+    )
+    assert wheels.wheel_tag(Path("/d/round_op-0.4.0-1-cp310-abi3-linux_aarch64.whl")) == "cp310-abi3-linux_aarch64"
+    with pytest.raises(ValueError, match="not a wheel"):
+        wheels.wheel_tag("round_op-0.4.0.tar.gz")
+
+
 def test_elf_machine_reads_the_header(tmp_path):
     import platform
     import sys
@@ -95,15 +137,15 @@ def test_machine_of_a_platform_tag():
 
 def test_index_is_pep_503(tmp_path):
     for name in (
-        "lltm_op-0.1.0+cu130-cp310-abi3-manylinux_2_28_x86_64.whl",
-        "round_op-0.1.0+cu130-cp310-abi3-manylinux_2_28_x86_64.whl",
+        "lltm_op-0.1.0+cu130-py3-none-manylinux_2_28_x86_64.whl",
+        "round_op-0.1.0+cu130-py3-none-manylinux_2_28_x86_64.whl",
     ):
         with zipfile.ZipFile(tmp_path / name, "w") as zf:
             zf.writestr("x.txt", name)
     simple = wheels.write_index(tmp_path)
     assert 'href="lltm-op/"' in (simple / "index.html").read_text()
     page = (simple / "lltm-op" / "index.html").read_text()
-    assert 'href="../../lltm_op-0.1.0+cu130-cp310-abi3-manylinux_2_28_x86_64.whl#sha256=' in page
+    assert 'href="../../lltm_op-0.1.0+cu130-py3-none-manylinux_2_28_x86_64.whl#sha256=' in page
     assert wheels.project_of(tmp_path / "round_op-0.1.0-x.whl") == "round-op"
 
 

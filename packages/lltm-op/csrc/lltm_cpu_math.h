@@ -105,7 +105,10 @@ LLTM_HD float tanh(float x) {
 //
 // Branch-free conversions for the CPU row loops. c10's float -> bfloat16
 // rounding tests for NaN with a branch, and its float16 conversions (software
-// ones: this code is built without -mf16c) select with branches; in a loop
+// ones on x86-64: this code is built without -mf16c) select with branches;
+// on aarch64 c10 converts float16 with the scalar FCVT instruction, through
+// __fp16, which GCC 12 does not vectorize either (measured: the float16 rows
+// stayed scalar, these conversions make them NEON code). In a loop
 // that also uses the converted value (lltm_sequence rounds the pre-activation
 // and computes with it) GCC then does not vectorize, and a bfloat16 row ran
 // about 20x slower than a float32 one. Round to nearest even, bit for bit as

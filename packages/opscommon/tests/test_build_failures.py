@@ -48,13 +48,45 @@ def test_cpu_build_writes_a_loadable_library(tmp_path):
     runtime = (lib / "_runtime.py").read_text()
     assert "'torch_min': '2.10'" in runtime and "'cuda': None" in runtime
     so = next(lib.glob("_C*.so"))
-    assert ".abi3." in so.name  # one wheel for every Python >= 3.10
     code = (
         f"import torch; torch.ops.load_library({str(so)!r}); "
         "print(torch.ops.opscommon_tiny.axpy(torch.ones(3), torch.ones(3)).tolist())"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.stdout.strip() == "[3.0, 3.0, 3.0]", out.stderr
+
+
+def test_wheel_is_tagged_for_every_python(tmp_path):
+    """py3-none-<platform>: the library needs no Python (loaded by path with
+    torch.ops.load_library), so free-threaded CPythons install it too."""
+    import platform
+    import sysconfig
+    import zipfile
+
+    src = tmp_path / "src"
+    shutil.copytree(EXT, src)
+    env = {k: v for k, v in os.environ.items() if k not in ("CUDA_HOME", "CUDA_PATH", "TORCH_CUDA_ARCH_LIST")}
+    env["OPS_CUDA"] = "0"
+    # setup.py itself (no pip or build frontend needed): the same bdist_wheel
+    out = subprocess.run(
+        [sys.executable, "setup.py", "-q", "bdist_wheel", "--dist-dir", str(tmp_path / "w")],
+        cwd=src,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    (wheel,) = (tmp_path / "w").glob("*.whl")
+    assert wheel.name == f"opscommon_tiny-0.0.0-py3-none-linux_{platform.machine()}.whl"
+    with zipfile.ZipFile(wheel) as zf:
+        tags = [line for line in zf.read("opscommon_tiny-0.0.0.dist-info/WHEEL").decode().splitlines() if "Tag" in line]
+        (so,) = [n for n in zf.namelist() if n.endswith(".so")]
+    assert tags == [f"Tag: py3-none-linux_{platform.machine()}"]
+    # the library's name follows the building CPython (_C.abi3.so; a
+    # free-threaded one has no abi3 suffix): torch loads it by path
+    assert so.startswith("opscommon_tiny/_C.")
+    assert (".abi3." in so) != bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
 
 
 def test_cuda_requested_without_nvcc(tmp_path):

@@ -13,9 +13,14 @@ from opscommon.build import BuildConfigError, choose_variant
 
 def test_target_version_is_torch_2_10():
     assert build.target_version_macro() == "0x020a000000000000"
-    flags = build.compile_flags(cuda=False)["cxx"]
+    flags = build.compile_flags(cuda=False, free_threaded=False)["cxx"]
     assert "-DTORCH_TARGET_VERSION=0x020a000000000000" in flags
     assert "-O3" in flags and f"-DPy_LIMITED_API={build.LIMITED_API_HEX}" in flags
+    # a free-threaded CPython's headers refuse Py_LIMITED_API
+    assert not any("Py_LIMITED_API" in f for f in build.compile_flags(cuda=False, free_threaded=True)["cxx"])
+    assert build.compile_flags(cuda=True, free_threaded=True)["nvcc"] == [
+        f for f in build.compile_flags(cuda=True, free_threaded=False)["nvcc"] if "Py_LIMITED_API" not in f
+    ]
 
 
 def test_cuda_flags_only_for_cuda():
@@ -285,12 +290,13 @@ def test_default_arch_list_runs_on_t4_to_blackwell():
     assert entries[0] == "7.5" and "12.0+PTX" in entries
 
 
-def _fake_target_torch(root, version="2.13.0"):
+def _fake_target_torch(root, version="2.13.0", cuda=None):
     for sub in ("include/torch/csrc/stable", "lib"):
         (root / sub).mkdir(parents=True, exist_ok=True)
     for lib in ("libtorch_cpu.so", "libc10.so"):
         (root / "lib" / lib).write_bytes(b"")
-    (root / "version.py").write_text(f"__version__ = '{version}'\n")
+    # as torch writes it: `cuda: Optional[str] = '13.0'`
+    (root / "version.py").write_text(f"__version__ = '{version}'\ncuda: Optional[str] = {cuda!r}\n")
     return root
 
 
@@ -346,3 +352,24 @@ def test_cross_target_retargets_torch_paths(tmp_path):
     assert ext.library_dirs[0] == str(root / "lib") and not set(library_paths()) & set(ext.library_dirs)
     info = build.build_info("x", "0.1.0", choose_variant("0", None, None, None), cross=cross)
     assert info["torch_built_with"] == "2.13.0"
+
+
+def test_cross_cuda_variant_follows_the_target_torch(tmp_path):
+    """A CUDA cross build is decided by the target platform's torch (PyPI's
+    aarch64 torch is a CUDA 13.0 build), not by the torch that runs the build."""
+    import shutil
+
+    if shutil.which("aarch64-linux-gnu-g++") is None:
+        pytest.skip("needs aarch64-linux-gnu-g++ (apt-get install g++-aarch64-linux-gnu)")
+    home = tmp_path / "cuda"
+    home.mkdir()
+    _fake_nvcc(home, "13.0")
+    cross = {"OPS_CROSS_PLAT": "linux_aarch64", "CXX": "aarch64-linux-gnu-g++", "CUDA_HOME": str(home)}
+    cuda_root = _fake_target_torch(tmp_path / "cu", "2.13.0", "13.0")
+    assert build.cross_target({**cross, "OPS_CROSS_TORCH": str(cuda_root)}).torch_cuda == "13.0"
+    v = build.detect_variant({**cross, "OPS_CROSS_TORCH": str(cuda_root), "OPS_CUDA": "1"})
+    assert v.cuda and v.cuda_version == "13.0" and v.nvcc_version == (13, 0)
+    cpu_root = _fake_target_torch(tmp_path / "cpu", "2.13.0+cpu")
+    assert build.cross_target({**cross, "OPS_CROSS_TORCH": str(cpu_root)}).torch_cuda is None
+    with pytest.raises(BuildConfigError, match="CPU-only build"):
+        build.detect_variant({**cross, "OPS_CROSS_TORCH": str(cpu_root), "OPS_CUDA": "1"})

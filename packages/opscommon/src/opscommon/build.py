@@ -1,7 +1,7 @@
 """Build helper that every op package's ``setup.py`` calls.
 
 It decides, explicitly and loudly, whether to build the CPU or the CUDA
-variant, and returns a stable-ABI, ``py_limited_api`` extension:
+variant, and returns a stable-ABI extension in a wheel for every Python:
 
 * ``OPS_CUDA=auto`` (default): CUDA when nvcc and a CUDA torch are both
   present, CPU otherwise; the choice and its reason are printed.
@@ -19,12 +19,23 @@ symbol newer than 2.28 (the manylinux_2_28 floor): see
 toolkit as a local label (``0.1.0+cu130``), so CPU and CUDA wheels never share
 a file name.
 
+Wheel tag: ``py3-none-<platform>``, not ``cp310-abi3``. The library calls no
+Python C API (torch loads it with ``torch.ops.load_library``; it is never
+imported as a module), so one wheel serves every CPython from
+``requires-python`` on, free-threaded builds (3.13t, 3.14t) included, which
+an abi3 wheel cannot. The release checks hold every wheel to that: a binary
+with an undefined Python symbol fails them.
+
 Cross-compilation (a wheel for another CPU, e.g. aarch64 built on x86_64):
 ``OPS_CROSS_TORCH`` names the ``torch`` folder of the target platform's torch
 wheel (its ``include/`` and ``lib/``), ``OPS_CROSS_PLAT`` the wheel platform
 (``linux_aarch64``), and ``CXX`` (with ``CC``, ``LDSHARED``, ``LDCXXSHARED``)
 a compiler for that CPU; see :func:`cross_target`. The installed torch only
-runs the build machinery. An op's sdist carries this helper and the headers
+runs the build machinery (a CPU-only one will do): the CUDA version the
+variant is checked against is the target torch's. A CUDA cross build needs
+a ``CUDA_HOME`` whose ``bin/`` runs here (nvcc, given the cross compiler as
+its host compiler) and whose ``include/`` and ``lib/`` (and
+``targets/<dir>/``, where nvcc looks for them) are the target CPU's. An op's sdist carries this helper and the headers
 (:func:`setup_kwargs` adds them), so it builds with nothing but public
 packages.
 """
@@ -46,9 +57,14 @@ CUDA_ENV = "OPS_CUDA"
 # T4 (7.5) to consumer Blackwell (12.0), PTX for newer GPUs; matrix.toml's
 # cuda.arch_list is the same (tools/tests/test_single_source.py holds them together).
 DEFAULT_CUDA_ARCH_LIST = "7.5;8.0;9.0;10.0;12.0+PTX"
-# Py_LIMITED_API value and wheel tag: one abi3 wheel for every Python >= 3.10.
+# Py_LIMITED_API of a build on a CPython that has a limited API (not the
+# free-threaded ones): should a source ever include Python.h, it sees only
+# the stable ABI of Python >= 3.10 (requires-python). The sources use none.
 LIMITED_API_HEX = "0x030A0000"
-LIMITED_API_TAG = "cp310"
+# The wheel's Python and ABI tags (see the module docstring): any Python 3,
+# no Python ABI; requires-python (>= 3.10) keeps older ones out.
+WHEEL_PYTHON_TAG = "py3"
+WHEEL_ABI_TAG = "none"
 
 # The grammar of TORCH_CUDA_ARCH_LIST, as torch.utils.cpp_extension's
 # _get_cuda_arch_flags reads it (torch 2.13): "native", or entries separated
@@ -187,13 +203,17 @@ def choose_variant(
 
 
 def detect_variant(env: Mapping[str, str] | None = None) -> Variant:
-    """Choose the variant for this machine, from ``OPS_CUDA`` and what is installed."""
+    """Choose the variant for this machine, from ``OPS_CUDA`` and what is
+    installed: the installed torch's CUDA, or when cross-compiling
+    (:func:`cross_target`) the target platform's torch's."""
     import torch
 
     env = os.environ if env is None else env
     choice = parse_cuda_choice(env.get(CUDA_ENV))
+    cross = cross_target(env)
+    torch_cuda = cross.torch_cuda if cross is not None else torch.version.cuda
     if choice == "0":
-        return choose_variant(choice, torch.version.cuda, None, None)
+        return choose_variant(choice, torch_cuda, None, None)
     nvcc = find_nvcc(env)
     ver = nvcc_version(nvcc) if nvcc else None
     arch_error = None
@@ -202,7 +222,7 @@ def detect_variant(env: Mapping[str, str] | None = None) -> Variant:
             validate_arch_list(env["TORCH_CUDA_ARCH_LIST"])
         except BuildConfigError as e:
             arch_error = str(e)
-    return choose_variant(choice, torch.version.cuda, nvcc, ver, arch_error)
+    return choose_variant(choice, torch_cuda, nvcc, ver, arch_error)
 
 
 def expand_arch_list(value: str) -> list[str]:
@@ -313,6 +333,7 @@ class CrossTarget:
     plat_name: str  # bdist_wheel platform, e.g. ``linux_aarch64``
     compiler: str  # ``$CXX``
     torch_version: str  # ``torch/version.py``'s __version__ of the target wheel
+    torch_cuda: str | None = None  # its ``cuda`` ("13.0"; None for a CPU-only torch)
 
     @property
     def machine(self) -> str:
@@ -365,8 +386,10 @@ def cross_target(env: Mapping[str, str] | None = None) -> CrossTarget | None:
     machine = _compiler_machine(compiler)
     if not machine.startswith(_CROSS_MACHINES[plat] + "-"):
         raise BuildConfigError(f"CXX={compiler!r} compiles for {machine}, not for {plat}")
-    m = re.search(r"^__version__ = '([^']+)'", (torch_root / "version.py").read_text(), re.M)
-    return CrossTarget(torch_root, plat, compiler, m.group(1) if m else "unknown")
+    version_py = (torch_root / "version.py").read_text()
+    m = re.search(r"^__version__ = '([^']+)'", version_py, re.M)
+    cuda = re.search(r"^cuda(?:: [^=]+)? = '([^']+)'", version_py, re.M)
+    return CrossTarget(torch_root, plat, compiler, m.group(1) if m else "unknown", cuda.group(1) if cuda else None)
 
 
 def retarget(ext, cross: CrossTarget) -> None:
@@ -384,13 +407,26 @@ def glibc_compat_dir() -> str:
     return os.path.join(get_include(), "opscommon", "glibc_compat")
 
 
-def compile_flags(cuda: bool) -> dict[str, list[str]]:
-    """Compiler flags for the stable ABI targeting torch 2.10, glibc 2.28."""
+def free_threaded_python() -> bool:
+    """Whether the running CPython is a free-threaded build (3.13t, 3.14t)."""
+    import sysconfig
+
+    return bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
+
+
+def compile_flags(cuda: bool, free_threaded: bool | None = None) -> dict[str, list[str]]:
+    """Compiler flags for the stable ABI targeting torch 2.10, glibc 2.28.
+
+    ``Py_LIMITED_API`` only where the building CPython has a limited API
+    (``free_threaded`` False; default: the running one): a free-threaded
+    CPython's headers refuse it."""
+    if free_threaded is None:
+        free_threaded = free_threaded_python()
     compat = glibc_compat_dir()
     common = [
         "-O3",
         f"-DTORCH_TARGET_VERSION={target_version_macro()}",
-        f"-DPy_LIMITED_API={LIMITED_API_HEX}",
+        *([] if free_threaded else [f"-DPy_LIMITED_API={LIMITED_API_HEX}"]),
         # found before the system's <sys/single_threaded.h> (glibc >= 2.32)
         "-isystem",
         compat,
@@ -421,6 +457,24 @@ def _sources(root: Path, patterns: Iterable[str]) -> list[str]:
     return found
 
 
+def _prepare_cross_cuda(cross: CrossTarget) -> None:
+    """Checks and settings of a CUDA cross build. nvcc (of the build machine)
+    compiles the device code and hands the host code to $CC (torch passes
+    -ccbin); CUDA_HOME's include/ and lib/ must be the target CPU's."""
+    import torch.utils.cpp_extension as cpp_extension
+
+    for need in ("lib/libtorch_cuda.so", "lib/libc10_cuda.so"):
+        if not (cross.torch_root / need).exists():
+            raise BuildConfigError(f"{CROSS_TORCH_ENV}={cross.torch_root} has no {need} for a CUDA build")
+    if cpp_extension.CUDA_HOME is None:
+        # The torch running the build is CPU-only (the target's is the CUDA
+        # build): torch reads CUDA_HOME only when it was built with CUDA.
+        home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+        if not home:
+            raise BuildConfigError("a CUDA cross build needs CUDA_HOME (nvcc of this machine, the target's CUDA files)")
+        cpp_extension.CUDA_HOME = home
+
+
 def extension(package: str, root: str | os.PathLike, variant: Variant | None = None):
     """Return the stable-ABI extension ``<package>._C`` from ``root/csrc``.
 
@@ -436,19 +490,24 @@ def extension(package: str, root: str | os.PathLike, variant: Variant | None = N
         name=f"{package}._C",
         include_dirs=[get_include(), str(root / "csrc")],
         extra_compile_args=compile_flags(variant.cuda),
+        # The file name only (_C.abi3.so; a free-threaded CPython has no
+        # abi3 suffix): torch loads it by path, whatever the name says.
         py_limited_api=True,
     )
-    if variant.cuda:
-        ensure_arch_list()
-        ext = CUDAExtension(sources=sources + _sources(root, ["csrc/**/*.cu"]), **kwargs)
-    else:
-        ext = CppExtension(sources=sources, **kwargs)
     cross = cross_target()
     if cross is not None:
         _log(
             f"{package}: cross-compiling for {cross.plat_name} with {cross.compiler}, "
             f"against torch {cross.torch_version} at {cross.torch_root}"
         )
+        if variant.cuda:
+            _prepare_cross_cuda(cross)
+    if variant.cuda:
+        ensure_arch_list()
+        ext = CUDAExtension(sources=sources + _sources(root, ["csrc/**/*.cu"]), **kwargs)
+    else:
+        ext = CppExtension(sources=sources, **kwargs)
+    if cross is not None:
         retarget(ext, cross)
     return ext
 
@@ -501,6 +560,20 @@ def vendor_into(dest: str | os.PathLike) -> Path:
     return target
 
 
+def _bdist_wheel_command():
+    from setuptools.command.bdist_wheel import bdist_wheel
+
+    class AnyPythonWheel(bdist_wheel):
+        """bdist_wheel that tags the wheel ``py3-none-<platform>``: its
+        library uses no Python C API (see the module docstring)."""
+
+        def get_tag(self) -> tuple[str, str, str]:
+            plat = super().get_tag()[2]
+            return WHEEL_PYTHON_TAG, WHEEL_ABI_TAG, plat
+
+    return AnyPythonWheel
+
+
 def _sdist_command():
     from setuptools.command.sdist import sdist
 
@@ -520,8 +593,9 @@ def setup_kwargs(package: str, version: str, root: str | os.PathLike) -> dict:
 
     Builds ``<package>._C`` with ninja and writes ``<package>/_runtime.py``
     (loader, import-time version checks, argument checks for fake kernels);
-    a CUDA build's version gets its label (``+cu130``); the sdist carries
-    opscommon's build helper and headers.
+    a CUDA build's version gets its label (``+cu130``); the wheel is tagged
+    ``py3-none-<platform>``; the sdist carries opscommon's build helper and
+    headers.
     """
     from torch.utils.cpp_extension import BuildExtension
 
@@ -541,15 +615,15 @@ def setup_kwargs(package: str, version: str, root: str | os.PathLike) -> dict:
             dest.write_text(runtime_module_source(info))
             _log(f"{package}: wrote {dest}")
 
-    options: dict = {"bdist_wheel": {"py_limited_api": LIMITED_API_TAG}}
+    options: dict = {}
     if cross is not None:  # the wheel is tagged for the CPU its binary is for
-        options["bdist_wheel"]["plat_name"] = cross.plat_name
+        options["bdist_wheel"] = {"plat_name": cross.plat_name}
     if label:
         # 0.1.0+cu130: the version itself says which variant a wheel is.
         options["egg_info"] = {"tag_build": f"+{label}"}
         _log(f"{package}: version {version}+{label}")
     return dict(
         ext_modules=[extension(package, root, variant)],
-        cmdclass={"build_ext": BuildOpExtension, "sdist": _sdist_command()},
+        cmdclass={"build_ext": BuildOpExtension, "bdist_wheel": _bdist_wheel_command(), "sdist": _sdist_command()},
         options=options,
     )
