@@ -151,20 +151,26 @@ _PLAN_REASON = (
     "host (one op call per segment), a graph break; compile with fullgraph=False, or give padded input"
 )
 _DISABLE_KWARGS = {"reason": _PLAN_REASON} if "reason" in inspect.signature(torch.compiler.disable).parameters else {}
-_disabled: dict[str, object] = {}
+_plan_disabled = False
 
 
 def _packed_plan(input: PackedSequence, bidirectional: bool, one_call: bool):
-    """_packed_plan_eager, outside the graph under torch.compile. The
-    disabled wrapper is made the first time it is traced: torch.compiler.disable
-    imports torch._dynamo (and with it triton, which turns the GIL back on in
-    a free-threaded Python), so importing lltm_op does not."""
-    if not torch.compiler.is_compiling():
-        return _packed_plan_eager(input, bidirectional, one_call)
-    plan = _disabled.get("plan")
-    if plan is None:
-        plan = _disabled["plan"] = torch.compiler.disable(_packed_plan_eager, **_DISABLE_KWARGS)
-    return plan(input, bidirectional, one_call)
+    """_packed_plan_eager; replaced by its torch.compiler.disable wrapper when
+    the first LLTMSequence is made (_disable_packed_plan_for_compile)."""
+    return _packed_plan_eager(input, bidirectional, one_call)
+
+
+def _disable_packed_plan_for_compile() -> None:
+    """Make the module-level _packed_plan run outside the graph under
+    torch.compile, once. Not at import: torch.compiler.disable imports
+    torch._dynamo (and with it triton, which turns the GIL back on in a
+    free-threaded Python). And the disabled function itself is what forward
+    calls: torch 2.11 skips the whole frame, instead of breaking the graph,
+    at a disabled call inlined from another function."""
+    global _packed_plan, _plan_disabled
+    if not _plan_disabled:
+        _packed_plan = torch.compiler.disable(_packed_plan_eager, **_DISABLE_KWARGS)
+        _plan_disabled = True
 
 
 def _run_packed(data: Tensor, w: Tensor, b: Tensor, h0: Tensor, c0: Tensor, segments):
@@ -269,6 +275,7 @@ class LLTMSequence(nn.Module):
         state_size: int | None = None,
     ) -> None:
         super().__init__()
+        _disable_packed_plan_for_compile()  # before any trace of forward
         input_size = self._alias("input_size", input_size, "input_features", input_features)
         hidden_size = self._alias("hidden_size", hidden_size, "state_size", state_size)
         self.input_size = _check_int("input_size", input_size, 0)
@@ -437,9 +444,9 @@ class LLTMSequence(nn.Module):
                 )
             # One op call per layer and direction, except where only the
             # public lltm_sequence has the feature (see the module docstring).
-            one_call = not (
-                torch.compiler.is_compiling()
-                or _runtime.forward_ad_active()
+            # Under torch.compile the rest is not traced at all.
+            one_call = not torch.compiler.is_compiling() and not (
+                _runtime.forward_ad_active()
                 or _runtime.functorch_active()
                 or _runtime.autocast_enabled(data.device.type)
             )

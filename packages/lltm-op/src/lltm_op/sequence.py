@@ -462,6 +462,11 @@ def _run_packed_rows(input, weights, bias, old_h, old_cell, batch_sizes):
     One op call for the whole sequence. Not under forward AD, torch.func or
     autocast (the module runs segment by segment there)."""
     tf32 = _allow_tf32(input)
+    if torch.compiler.is_compiling() or _functorch_active():
+        # As _run: the registered op and its registered autograd (torch 2.11
+        # compiles this frame on its own when it falls back to eager in the
+        # module's forward).
+        return _seq_forward(input, weights, bias, old_h, old_cell, tf32, batch_sizes)
     if _forward_ad_active() or (
         torch.is_grad_enabled()
         and (

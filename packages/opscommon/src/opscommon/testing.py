@@ -795,15 +795,18 @@ class OpContract(ReliabilityContract, DerivativeContract):
     def test_autocast_chain_keeps_the_reference_precision(self, device: str) -> None:
         """A long chain of calls (``autocast_next_inputs``) under autocast
         from float32 inputs: the dtypes of the same chain of the reference
-        under autocast, and an error against the chain in float64 at most
-        twice the reference's (an op that kept a state or an accumulation in
-        the autocast dtype where the reference keeps float32 fails here)."""
+        under autocast, and an error against the chain in float64 within
+        twice the reference's for most of 7 random starts (an op that kept a
+        state or an accumulation in the autocast dtype where the reference
+        keeps float32 fails on all of them: for lltm_sequence that was 13x at
+        50 steps). Most, not all: a long chain amplifies rounding
+        chaotically, and two chains that both keep float32 but round in
+        different places differed by 2.5x or more on about 1 start in 20."""
         device = self._device(device)
         if torch.float32 not in self.dtypes:
             pytest.skip("no float32")
         low = torch.bfloat16 if device == "cpu" else torch.float16
         case = self.autocast_case if self.autocast_case is not None else self.grad_cases[-1]
-        start = self.make_inputs(case, torch.float32, device)
 
         def chain(fn, inputs, autocast: bool):
             with torch.autocast(device, dtype=low, enabled=autocast):
@@ -812,17 +815,28 @@ class OpContract(ReliabilityContract, DerivativeContract):
                     inputs = self.autocast_next_inputs(inputs, outputs)
             return outputs
 
-        got = chain(self.call, start, True)
-        want = chain(self.reference, start, True)
-        exact = chain(self.reference, tuple(t.double() if isinstance(t, torch.Tensor) else t for t in start), False)
-        for g, w, x in zip(got, want, exact, strict=True):
-            assert g.dtype == w.dtype and g.shape == w.shape, (g.dtype, w.dtype)
-            norm = x.double().norm().item() or 1.0
-            err_got = (g.double() - x.double()).norm().item() / norm
-            err_ref = (w.double() - x.double()).norm().item() / norm
-            assert err_got <= 2 * err_ref + 1e-6, (
-                f"{self.op_name} under autocast: relative error {err_got:.2e} against float64 after "
-                f"{self.autocast_calls} chained calls, the reference's {err_ref:.2e}"
+        starts = 7
+        errors: list[list[tuple[float, float]]] = []
+        for _ in range(starts):
+            start = self.make_inputs(case, torch.float32, device)
+            got = chain(self.call, start, True)
+            want = chain(self.reference, start, True)
+            exact = chain(self.reference, tuple(t.double() if isinstance(t, torch.Tensor) else t for t in start), False)
+            row = []
+            for g, w, x in zip(got, want, exact, strict=True):
+                assert g.dtype == w.dtype and g.shape == w.shape, (g.dtype, w.dtype)
+                norm = x.double().norm().item() or 1.0
+                row.append(
+                    ((g.double() - x.double()).norm().item() / norm, (w.double() - x.double()).norm().item() / norm)
+                )
+            errors.append(row)
+        for k in range(len(errors[0])):
+            pairs = [row[k] for row in errors]
+            worse = [p for p in pairs if p[0] > 2 * p[1] + 1e-6]
+            assert len(worse) <= starts // 2, (
+                f"{self.op_name} under autocast, output {k}: relative error against float64 after "
+                f"{self.autocast_calls} chained calls more than twice the reference's on {len(worse)} of {starts} "
+                f"random starts: " + ", ".join(f"{g:.2e} vs {r:.2e}" for g, r in pairs)
             )
 
     @pytest.mark.parametrize("device", DEVICES)
