@@ -352,36 +352,18 @@ def emulated_tests(session: Any, m: Matrix, plat: Platform, packages: list[str],
     )
     env = {"PYTHONPATH": f"{ops}{os.pathsep}{site}"}
     for package in built:
-        check = f"{plat.name}: tests"
-        junit = steps.tmp(session, f"junit/emulated-{package}") / "junit.xml"
-        start = time.perf_counter()
-        ok = True
-        with session.chdir(steps.tmp(session, "run")):
-            try:
-                session.run(
-                    str(python),
-                    "-m",
-                    "pytest",
-                    "-q",
-                    "-ra",
-                    "-p",
-                    "no:cacheprovider",
-                    f"--junitxml={junit}",
-                    "-k",
-                    f"not {EMULATED_DESELECT}",
-                    str(steps.PACKAGES / package / "tests"),
-                    *pytest_args,
-                    env=env,
-                    external=True,
-                )
-            except steps.CommandFailed:
-                ok = False
-        counts = steps.junit_counts(junit)
-        text = f"{counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped"
-        if ok and counts["passed"] == 0:
-            ok, text = False, "no test passed: " + text
-        took = time.perf_counter() - start
-        results.add(package, check, "pass" if ok else "fail", f"{text} in {took:.0f} s", counts=counts)
+        steps.run_pytest(
+            session,
+            results,
+            package,
+            steps.PACKAGES / package / "tests",
+            f"{plat.name}: tests",
+            ["-k", f"not {EMULATED_DESELECT}", *pytest_args],
+            python=str(python),
+            env=env,
+            require_a_pass=True,
+            timed=True,
+        )
     for variant in [v for v in plat.variants if v != "cpu"]:
         _emulated_cuda_load(session, m, plat, variant, built, python, site, results)
     results.finish()
@@ -535,31 +517,16 @@ def freethreaded_tests(session: Any, m: Matrix, packages: list[str], pytest_args
     # run at once.
     env["PYTHON_GIL"] = "0"
     for package in installed:
-        junit = steps.tmp(session, f"junit/freethreaded-{package}") / "junit.xml"
-        start = time.perf_counter()
-        ok = True
-        with session.chdir(steps.tmp(session, "run")):
-            try:
-                session.run(
-                    str(python),
-                    "-m",
-                    "pytest",
-                    "-q",
-                    "-ra",
-                    "-p",
-                    "no:cacheprovider",
-                    f"--junitxml={junit}",
-                    str(steps.PACKAGES / package / "tests"),
-                    *pytest_args,
-                    env=env,
-                    external=True,
-                )
-            except steps.CommandFailed:
-                ok = False
-        counts = steps.junit_counts(junit)
-        text = f"{counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped"
-        if ok and counts["passed"] == 0:
-            ok, text = False, "no test passed: " + text
-        took = time.perf_counter() - start
-        results.add(package, f"{tag}: tests", "pass" if ok else "fail", f"{text} in {took:.0f} s", counts=counts)
+        steps.run_pytest(
+            session,
+            results,
+            package,
+            steps.PACKAGES / package / "tests",
+            f"{tag}: tests",
+            list(pytest_args),
+            python=str(python),
+            env=env,
+            require_a_pass=True,
+            timed=True,
+        )
     results.finish()

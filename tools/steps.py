@@ -342,16 +342,33 @@ def test_suites(built: list[str], chosen: list[str] | None) -> list[tuple[str, P
 
 
 def run_pytest(
-    session: Any, results: Results, suite: str, tests: Path, check: str, pytest_args: list[str] = ()
+    session: Any,
+    results: Results,
+    suite: str,
+    tests: Path,
+    check: str,
+    pytest_args: list[str] = (),
+    *,
+    python: str | None = None,
+    env: dict[str, str] | None = None,
+    require_a_pass: bool | None = None,
+    timed: bool = False,
 ) -> bool:
     """One test suite, from outside the source tree (so the installed package
-    is the one imported); its counts go into ``results``."""
+    is the one imported); its counts go into ``results``. ``python``: another
+    interpreter than the session's (an emulated or free-threaded one), run
+    with ``env``. ``require_a_pass``: a run with no test passed fails
+    (default: unless ``pytest_args`` narrow the suite). ``timed``: the
+    result's text ends with the seconds it took."""
     junit = tmp(session, "junit/" + re.sub(r"[^\w.-]+", "-", f"{check}-{suite}")) / "junit.xml"
+    if require_a_pass is None:
+        require_a_pass = not pytest_args
     ok = True
+    start = time.perf_counter()
     with session.chdir(tmp(session, "run")):
         try:
             session.run(
-                "python",
+                python or "python",
                 "-m",
                 "pytest",
                 "-q",
@@ -361,13 +378,16 @@ def run_pytest(
                 f"--junitxml={junit}",
                 str(tests),
                 *pytest_args,
+                **({"env": env, "external": True} if python else {}),
             )
         except CommandFailed:
             ok = False
     counts = junit_counts(junit)
     text = f"{counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped"
-    if ok and counts["passed"] == 0 and not pytest_args:
+    if ok and counts["passed"] == 0 and require_a_pass:
         ok, text = False, "no test passed: " + text
+    if timed:
+        text += f" in {time.perf_counter() - start:.0f} s"
     results.add(suite, check, "pass" if ok else "fail", text, counts=counts)
     return ok
 
@@ -407,14 +427,12 @@ def toolkit_home(session: Any, tk: Toolkit) -> tuple[Path | None, str]:
     return toolkits.locate(tk, purelib(session) if tk.source == "pypi" else None, CACHE / "toolkits")
 
 
-def torch_headers(session: Any, version: str) -> Path:
-    """A folder holding torch/include of a torch release, unpacked from its
-    wheel (downloaded once, only the headers kept)."""
-    dest = CACHE / f"torch-{version}-headers"
-    if (dest / "torch" / "include" / "torch" / "csrc" / "stable").is_dir():
-        return dest
+def pip_download(session: Any, folder: str, requirements: list[str], extra_args: list[str] = ()) -> Path:
+    """Binary wheels of ``requirements`` (no dependencies) downloaded by the
+    session's pip into its temporary ``folder``; ``extra_args`` choose the
+    platform and Python. Returns the folder."""
     session.install("pip")
-    download = tmp(session, "torch-wheel")
+    download = tmp(session, folder)
     session.run(
         "python",
         "-m",
@@ -423,10 +441,21 @@ def torch_headers(session: Any, version: str) -> Path:
         "--quiet",
         "--no-deps",
         "--only-binary=:all:",
+        *extra_args,
         "-d",
         str(download),
-        f"torch=={version}",
+        *requirements,
     )
+    return download
+
+
+def torch_headers(session: Any, version: str) -> Path:
+    """A folder holding torch/include of a torch release, unpacked from its
+    wheel (downloaded once, only the headers kept)."""
+    dest = CACHE / f"torch-{version}-headers"
+    if (dest / "torch" / "include" / "torch" / "csrc" / "stable").is_dir():
+        return dest
+    download = pip_download(session, "torch-wheel", [f"torch=={version}"])
     (wheel,) = download.glob("torch-*.whl")
     staging = tmp(session, "torch-headers")
     with zipfile.ZipFile(wheel) as zf:
@@ -463,23 +492,9 @@ def target_torch(session: Any, version: str, tag: str, python: str) -> Path:
     root = dest / "torch"
     if (root / "lib" / "libtorch_cpu.so").is_file() and (root / "include" / "torch" / "csrc" / "stable").is_dir():
         return root
-    session.install("pip")
-    download = tmp(session, "torch-target-wheel")
     start = time.perf_counter()
-    session.run(
-        "python",
-        "-m",
-        "pip",
-        "download",
-        "--quiet",
-        "--no-deps",
-        "--only-binary=:all:",
-        *pip_platforms(tag),
-        "--python-version",
-        python,
-        "-d",
-        str(download),
-        f"torch=={version}",
+    download = pip_download(
+        session, "torch-target-wheel", [f"torch=={version}"], [*pip_platforms(tag), "--python-version", python]
     )
     (wheel,) = download.glob("torch-*.whl")
     libs = {
@@ -534,22 +549,8 @@ def cross_cuda_home(session: Any, tk: Toolkit, plat: Platform, host_home: Path) 
         raise ValueError(f"{nvcc} is not the nvcc program itself (a wrapper script?): use the toolkit's own folder")
     files = CACHE / f"cuda-{tk.version}-{plat.wheel_tag}"
     if not (files / ".complete").is_file():
-        session.install("pip")
         shutil.rmtree(files, ignore_errors=True)
-        download = tmp(session, "cuda-target-wheels")
-        session.run(
-            "python",
-            "-m",
-            "pip",
-            "download",
-            "--quiet",
-            "--no-deps",
-            "--only-binary=:all:",
-            *pip_platforms(plat.wheel_tag),
-            "-d",
-            str(download),
-            *tk.requirements,
-        )
+        download = pip_download(session, "cuda-target-wheels", list(tk.requirements), pip_platforms(plat.wheel_tag))
         staging = tmp(session, "cuda-target")
         prefix = (tk.home or "").rstrip("/") + "/"
         for wheel in sorted(download.glob("*.whl")):
