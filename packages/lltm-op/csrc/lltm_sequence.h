@@ -378,6 +378,19 @@ struct BackwardSteps {
 //   static void bias_finish(const Tensor& partial, Tensor& d_bias);
 //   static void add_into(Tensor& dst_view, const Tensor& src): dst += src, 2-D.
 
+// Rows r0 .. r1 - 1 of a buffer of `row_bytes` rows set to those of src, or
+// to zero where src is null (a packed run's final states and gradients).
+template <class Dev>
+void set_rows(const Tensor& like, void* dst, const void* src, int64_t r0, int64_t r1,
+              int64_t row_bytes) {
+  const int64_t off = r0 * row_bytes, bytes = (r1 - r0) * row_bytes;
+  if (src != nullptr) {
+    Dev::copy(like, static_cast<char*>(dst) + off, static_cast<const char*>(src) + off, bytes);
+  } else {
+    Dev::zero_bytes(like, static_cast<char*>(dst) + off, bytes);
+  }
+}
+
 struct ForwardResult {
   Tensor outputs, h_n, c_n, gates, cells;
 };
@@ -452,13 +465,9 @@ ForwardResult sequence_forward(const Tensor& input_arg, const Tensor& weights_ar
     // gradients' products over whole steps); rows with no step keep h0, c0.
     Dev::zero(r.outputs);
     Dev::zero(r.cells);
-    const int64_t r0 = rows.at(0);
-    Dev::copy(like, static_cast<char*>(r.h_n.mutable_data_ptr()) + r0 * S * esize,
-              static_cast<const char*>(old_h.const_data_ptr()) + r0 * S * esize,
-              (B - r0) * S * esize);
-    Dev::copy(like, static_cast<char*>(r.c_n.mutable_data_ptr()) + r0 * S * esize,
-              static_cast<const char*>(old_cell.const_data_ptr()) + r0 * S * esize,
-              (B - r0) * S * esize);
+    set_rows<Dev>(like, r.h_n.mutable_data_ptr(), old_h.const_data_ptr(), rows.at(0), B, S * esize);
+    set_rows<Dev>(like, r.c_n.mutable_data_ptr(), old_cell.const_data_ptr(), rows.at(0), B,
+                  S * esize);
   }
   for (int64_t t = 0; t < T; ++t) {
     const int64_t n = rows.at(t);
@@ -490,11 +499,8 @@ ForwardResult sequence_forward(const Tensor& input_arg, const Tensor& weights_ar
     if (rows.packed()) {
       // Rows at their last step: h and c are final.
       const int64_t done = rows.at(t + 1);
-      const int64_t off = done * S * esize, bytes = (n - done) * S * esize;
-      Dev::copy(like, static_cast<char*>(r.h_n.mutable_data_ptr()) + off,
-                outs + t * step_state + off, bytes);
-      Dev::copy(like, static_cast<char*>(r.c_n.mutable_data_ptr()) + off,
-                cells + t * step_state + off, bytes);
+      set_rows<Dev>(like, r.h_n.mutable_data_ptr(), outs + t * step_state, done, n, S * esize);
+      set_rows<Dev>(like, r.c_n.mutable_data_ptr(), cells + t * step_state, done, n, S * esize);
     }
   }
   return r;
@@ -595,11 +601,8 @@ BackwardResult sequence_backward(const std::optional<Tensor>& grad_outputs_arg,
   if (rows.packed()) {
     // The running cell-state gradient starts as grad_c_n on every row: a row
     // is first reached at its own last step, untouched before.
-    if (gcn) {
-      Dev::copy(like, dc.mutable_data_ptr(), gcn->const_data_ptr(), B * S * esize);
-    } else {
-      Dev::zero(dc);
-    }
+    set_rows<Dev>(like, dc.mutable_data_ptr(), gcn ? gcn->const_data_ptr() : nullptr, 0, B,
+                  S * esize);
   }
   char* dG_ptr = static_cast<char*>(dG.mutable_data_ptr());
   const char* gates_ptr = static_cast<const char*>(gates.const_data_ptr());
@@ -618,21 +621,15 @@ BackwardResult sequence_backward(const std::optional<Tensor>& grad_outputs_arg,
   // over all B rows of the slots).
   auto packed_backward_step = [&](int64_t t, int64_t t0, int64_t t1) {
     const int64_t n = rows.at(t), next = rows.at(t + 1);
-    Dev::zero_bytes(like, slot(t - t0) + n * S3 * esize, (B - n) * S3 * esize);
+    set_rows<Dev>(like, slot(t - t0), nullptr, n, B, S3 * esize);
     if (n == 0) return;
     const int64_t next_slot = t + 1 < t1 ? t + 1 - t0 : K;
-    char* dh_ptr = static_cast<char*>(dh->mutable_data_ptr());
     if (next > 0) {
       Tensor dh_next = view_of(*dh, {next, S}, {S, 1});
       mm_out(op, dh_next, view_of(dG, {next, S3}, {S3, 1}, next_slot * B * S3), w_h);
     }
-    if (ghn) {
-      Dev::copy(like, dh_ptr + next * S * esize,
-                static_cast<const char*>(ghn->const_data_ptr()) + next * S * esize,
-                (n - next) * S * esize);
-    } else {
-      Dev::zero_bytes(like, dh_ptr + next * S * esize, (n - next) * S * esize);
-    }
+    set_rows<Dev>(like, dh->mutable_data_ptr(), ghn ? ghn->const_data_ptr() : nullptr, next, n,
+                  S * esize);
     BackwardStep s{};
     s.B = n;
     s.S = S;
@@ -735,15 +732,10 @@ BackwardResult sequence_backward(const std::optional<Tensor>& grad_outputs_arg,
   }
   // d_old_h = dG_0 W_h; dG_0 is in slot 0.
   mm_out(op, r.d_old_h, slot_view(0, 1), w_h);
-  if (rows.packed() && rows.at(0) < B) {
+  if (rows.packed()) {
     // Rows with no step (length 0): their final state is the initial one.
-    const int64_t off = rows.at(0) * S * esize, bytes = (B - rows.at(0)) * S * esize;
-    char* d_old_h = static_cast<char*>(r.d_old_h.mutable_data_ptr());
-    if (ghn) {
-      Dev::copy(like, d_old_h + off, static_cast<const char*>(ghn->const_data_ptr()) + off, bytes);
-    } else {
-      Dev::zero_bytes(like, d_old_h + off, bytes);
-    }
+    set_rows<Dev>(like, r.d_old_h.mutable_data_ptr(), ghn ? ghn->const_data_ptr() : nullptr,
+                  rows.at(0), B, S * esize);
   }
   Dev::bias_finish(partial, r.d_bias);
   return r;

@@ -147,8 +147,8 @@ def test_padded_equal_lengths_is_one_op_call_per_layer_and_direction(monkeypatch
     # Packed, lengths 7, 4, 4, 2: one op call a layer and direction too, each
     # step on its running sequences only (the op's batch_sizes).
     packed_calls = []
-    real_rows = rnn._run_packed_rows
-    monkeypatch.setattr(rnn, "_run_packed_rows", lambda *a: packed_calls.append(a[5].tolist()) or real_rows(*a))
+    real_rows = rnn._run_sequence
+    monkeypatch.setattr(rnn, "_run_sequence", lambda *a: packed_calls.append(a[5].tolist()) or real_rows(*a))
     x = pack_padded_sequence(torch.randn(7, 4, 3), torch.tensor([7, 4, 4, 2]))
     m(x)
     assert calls == [] and packed_calls == [[4, 4, 3, 3, 1, 1, 1]] * 4

@@ -14,7 +14,7 @@ import pytest
 import torch
 from lltm_op import LLTM, LLTMSequence, lltm, lltm_reference, lltm_sequence
 from lltm_op._runtime import BUILD_INFO
-from lltm_op.sequence import _run_packed_rows
+from lltm_op.sequence import _run as run_op
 from opscommon.testing import DEVICES, BadInput, OpContract, cuda_usable, with_layout
 
 OP = "lltm_op.lltm_sequence"
@@ -1212,7 +1212,7 @@ def test_batch_sizes_run_each_row_for_its_own_length(device, dtype, lengths, F, 
         args[0][n:, r] = 0  # padding, as LLTMSequence pads
     args = [t.requires_grad_() for t in args]
     ref_args = [t.detach().double().cpu().requires_grad_() for t in args]
-    out = _run_packed_rows(*args, batch_sizes_of(lengths, T))[:3]
+    out = run_op(*args, batch_sizes_of(lengths, T))[:3]
     ref = packed_reference(ref_args, lengths)
     grads = [torch.randn(r.shape, dtype=torch.float64, generator=gen) for r in ref]
     for r, n in enumerate(lengths):
@@ -1266,4 +1266,4 @@ def test_packed_run_refuses_forward_ad():
     with fwAD.dual_level():
         x = fwAD.make_dual(args[0], torch.ones_like(args[0]))
         with pytest.raises(RuntimeError, match="forward-mode AD of a packed run"):
-            _run_packed_rows(x, *args[1:], batch_sizes_of([3, 2], 3))
+            run_op(x, *args[1:], batch_sizes_of([3, 2], 3))

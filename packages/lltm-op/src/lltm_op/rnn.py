@@ -36,7 +36,8 @@ from torch.nn.utils.rnn import PackedSequence
 
 from . import _runtime
 from .ops import _check_size
-from .sequence import _run_packed_rows, lltm_sequence
+from .sequence import _run as _run_sequence
+from .sequence import lltm_sequence
 
 NAME = "LLTMSequence"
 
@@ -202,7 +203,7 @@ def _run_packed_one_call(data: Tensor, w: Tensor, b: Tensor, h0: Tensor, c0: Ten
     batch, the op running the first batch_sizes[t] rows at step t."""
     T, B, S = batch_sizes.shape[0], h0.shape[0], h0.shape[1]
     x = data.new_zeros(T * B, data.shape[1]).index_copy(0, padded, data).view(T, B, data.shape[1])
-    out, h, c, _, _ = _run_packed_rows(x, w, b, h0, c0, batch_sizes)
+    out, h, c, _, _ = _run_sequence(x, w, b, h0, c0, batch_sizes)
     return out.reshape(T * B, S).index_select(0, padded), h, c
 
 

@@ -434,38 +434,18 @@ def _allow_tf32(input: Tensor) -> bool:
     return input.dtype is torch.float32 and input.is_cuda and torch.backends.cuda.matmul.allow_tf32
 
 
-def _run(input, weights, bias, old_h, old_cell):
+def _run(input, weights, bias, old_h, old_cell, batch_sizes=None):
+    """The op through the right route. ``batch_sizes``: LLTMSequence's packed
+    run of one layer and direction, ``input`` the packed batch padded to
+    ``[T, B, F]`` (sequences sorted longest first, as a PackedSequence holds
+    them), step t running the first ``batch_sizes[t]`` rows only (under
+    forward AD the Function's jvp refuses it: never a lost tangent)."""
     tf32 = _allow_tf32(input)
     if torch.compiler.is_compiling() or _functorch_active():
         # torch.compile traces the registered op; torch.func transforms run
-        # its registered autograd and vmap rule level by level.
-        return _seq_forward(input, weights, bias, old_h, old_cell, tf32)
-    if _forward_ad_active() or (
-        torch.is_grad_enabled()
-        and (
-            input.requires_grad
-            or weights.requires_grad
-            or bias.requires_grad
-            or old_h.requires_grad
-            or old_cell.requires_grad
-        )
-    ):
-        return _fast_apply(input, weights, bias, old_h, old_cell, tf32)
-    return _seq_forward_below_autograd(input, weights, bias, old_h, old_cell, tf32)
-
-
-def _run_packed_rows(input, weights, bias, old_h, old_cell, batch_sizes):
-    """LLTMSequence's packed run of one layer and direction: ``input`` the
-    packed batch padded to ``[T, B, F]`` (sequences sorted longest first, as a
-    PackedSequence holds them), step t running the first ``batch_sizes[t]``
-    rows only; each row's ``h_n`` / ``c_n`` are those of its own last step.
-    One op call for the whole sequence. Not under forward AD, torch.func or
-    autocast (the module runs segment by segment there)."""
-    tf32 = _allow_tf32(input)
-    if torch.compiler.is_compiling() or _functorch_active():
-        # As _run: the registered op and its registered autograd (torch 2.11
-        # compiles this frame on its own when it falls back to eager in the
-        # module's forward).
+        # its registered autograd and vmap rule level by level. (torch 2.11
+        # also compiles LLTMSequence's packed call on its own, after falling
+        # back to eager in the module's forward.)
         return _seq_forward(input, weights, bias, old_h, old_cell, tf32, batch_sizes)
     if _forward_ad_active() or (
         torch.is_grad_enabled()
@@ -477,7 +457,6 @@ def _run_packed_rows(input, weights, bias, old_h, old_cell, batch_sizes):
             or old_cell.requires_grad
         )
     ):
-        # Under forward AD the Function's jvp refuses (never a lost tangent).
         return _fast_apply(input, weights, bias, old_h, old_cell, tf32, batch_sizes)
     return _seq_forward_below_autograd(input, weights, bias, old_h, old_cell, tf32, batch_sizes)
 
