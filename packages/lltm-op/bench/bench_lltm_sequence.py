@@ -27,8 +27,10 @@ output and final states with respect to every parameter): two layers,
 bidirectional; and on a ``PackedSequence`` of variable lengths (uniform in
 [T/4, T], unsorted, packed once, the same for both) with one layer and with
 two layers, bidirectional. A packed row names its number of segments of
-constant batch size: LLTMSequence makes one op call per segment, layer and
-direction.
+constant batch size and also times LLTMSequence's other packed routes: one
+op call per segment, layer and direction ("segments"), and, on a device
+where it is not yet the default (CUDA), one op call per layer and direction
+with the op's batch_sizes ("one call").
 
 --quick: tiny sizes on the CPU, a smoke run.
 """
@@ -150,17 +152,23 @@ def module_rows(device: str, sizes, repeat: int) -> tuple[list[str], list[dict]]
     import lltm_op.rnn as rnn
     from torch.nn.utils.rnn import pack_padded_sequence
 
+    # The packed routes by name: "segments", one op call per run of equal
+    # batch sizes (under forward AD / autocast / torch.compile, and on
+    # devices outside rnn._ONE_CALL_DEVICES); "one call", the op's
+    # batch_sizes (timed as a column of its own where it is not the default).
+    routes = {"segments": False}
+    if device not in rnn._ONE_CALL_DEVICES:
+        routes["one call"] = True
     lines = [
-        "| module case | T, B, F, S, dtype | LLTMSequence | nn.LSTM | ratio | LLTMSequence, segments |",
-        "|---|---|---|---|---|---|",
+        "| module case | T, B, F, S, dtype | LLTMSequence | nn.LSTM | ratio |"
+        + "".join(f" LLTMSequence, {r} |" for r in routes),
+        "|---|---|---|---|---|" + "---|" * len(routes),
     ]
 
-    def by_segments(fn):
-        # The packed path LLTMSequence takes under forward AD / autocast /
-        # torch.compile: one op call per run of equal batch sizes.
+    def by_route(fn, one_call: bool):
         def run():
             real = rnn._packed_plan
-            rnn._packed_plan = lambda inp, bidirectional, one_call: real(inp, bidirectional, False)
+            rnn._packed_plan = lambda inp, bidirectional, _: real(inp, bidirectional, one_call)
             try:
                 return fn()
             finally:
@@ -197,13 +205,14 @@ def module_rows(device: str, sizes, repeat: int) -> tuple[list[str], list[dict]]
 
             fns = {"ours": lambda m=ours: run(m), "lstm": lambda m=lstm: run(m)}
             if hasattr(inp, "batch_sizes"):
-                fns["segments"] = by_segments(lambda m=ours: run(m))
+                for route, one_call in routes.items():
+                    fns[route] = by_route(lambda m=ours: run(m), one_call)
             times = interleaved_wall_times_us(fns, warmup=3, repeat=repeat)
             ratio = times["ours"] / times["lstm"]
-            seg = f"{times['segments'] / 1e3:.3f} ms" if "segments" in times else ""
+            extra = "".join(f" {times[r] / 1e3:.3f} ms |" if r in times else " |" for r in routes)
             lines.append(
                 f"| {case} | T{T} B{B} F{F} S{S} {dname} | {times['ours'] / 1e3:.3f} ms | "
-                f"{times['lstm'] / 1e3:.3f} ms | {ratio:.2f}x | {seg} |"
+                f"{times['lstm'] / 1e3:.3f} ms | {ratio:.2f}x |{extra}"
             )
             records.append(
                 {
@@ -212,7 +221,7 @@ def module_rows(device: str, sizes, repeat: int) -> tuple[list[str], list[dict]]
                     "ms": {
                         "LLTMSequence": times["ours"] / 1e3,
                         "nn.LSTM": times["lstm"] / 1e3,
-                        **({"LLTMSequence, segments": times["segments"] / 1e3} if "segments" in times else {}),
+                        **{f"LLTMSequence, {r}": times[r] / 1e3 for r in routes if r in times},
                     },
                     "ratio": ratio,
                 }

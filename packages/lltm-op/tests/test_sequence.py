@@ -528,25 +528,28 @@ def test_forward_over_reverse_is_refused(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_sequence_backward_op_is_differentiable(device):
+@pytest.mark.parametrize("lengths", [None, [4, 2, 0]], ids=["whole", "packed"])
+def test_sequence_backward_op_is_differentiable(device, lengths):
     """A direct call of lltm_op::sequence_backward on tensors that require
-    grad: the kernel's values, and derivatives with respect to every tensor
-    argument (torch-op math of the same computation; gradcheck)."""
+    grad (a packed run's too): the kernel's values, and derivatives with
+    respect to every tensor argument (torch-op math of the same
+    computation; gradcheck)."""
     device = need(device)
     gen = torch.Generator().manual_seed(11)
     args = make_args(4, 3, 2, 5, dtype=torch.float64, device=device, generator=gen)
-    outputs, h_n, c_n, gates, cells = seq_forward(*args)
+    bs = None if lengths is None else batch_sizes_of(lengths, 4)
+    outputs, h_n, c_n, gates, cells = seq_forward(*args, False, bs)
     x, w, _, h, c = args
     gs = [torch.randn(t.shape, dtype=t.dtype, generator=gen).to(device) for t in (outputs, h_n, c_n)]
     tensors = (*gs, x, w, h, c, outputs, gates, cells)
-    kernel = seq_backward(*tensors, True)
+    kernel = seq_backward(*tensors, True, False, bs)
     diff = [t.clone().requires_grad_() for t in tensors]
-    got = seq_backward(*diff, True)
+    got = seq_backward(*diff, True, False, bs)
     for g, k in zip(got, kernel):
         assert g.grad_fn is not None
         torch.testing.assert_close(g.detach(), k)
-    assert torch.autograd.gradcheck(lambda *t: seq_backward(*t, True), diff, eps=1e-6, atol=1e-5)
-    no_input = seq_backward(*diff, False)
+    assert torch.autograd.gradcheck(lambda *t: seq_backward(*t, True, False, bs), diff, eps=1e-6, atol=1e-5)
+    no_input = seq_backward(*diff, False, False, bs)
     assert no_input[0].shape == (0,)
 
 
@@ -1257,6 +1260,13 @@ def test_bad_batch_sizes_are_refused(bs, message):
     args = make_args(3, 3, 2, 4, dtype=torch.float64)
     with pytest.raises(RuntimeError, match=rf"lltm_op.sequence_forward: .*{message}"):
         seq_forward(*args, False, bs)
+    outputs, h_n, c_n, gates, cells = seq_forward(*args)
+    x, w, _, h, c = args
+    tensors = (torch.ones_like(outputs), None, None, x, w, h, c, outputs, gates, cells)
+    # The kernel and, when an argument requires grad, the torch-op math.
+    for differentiable in (False, True):
+        with pytest.raises(RuntimeError, match=rf"lltm_op.sequence_backward: .*{message}"):
+            seq_backward(*tensors[:4], w.clone().requires_grad_(differentiable), *tensors[5:], True, False, bs)
 
 
 def test_packed_run_refuses_forward_ad():

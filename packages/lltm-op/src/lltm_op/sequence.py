@@ -89,6 +89,23 @@ def _check_like(op: str, arg: str, t: Tensor, input: Tensor, shape) -> None:
     _ops._check_same_device(op, "input", input, arg, t)
 
 
+def _step_rows(op: str, batch_sizes, T: int, B: int) -> list[int]:
+    """The rows each step runs: all B, or the first batch_sizes[t] (checked
+    as the kernel checks them: non-increasing, in [0, B])."""
+    if batch_sizes is None:
+        return [B] * T
+    _check_batch_sizes(op, batch_sizes, T)
+    sizes, before = batch_sizes.tolist(), B
+    for t, n in enumerate(sizes):
+        if not 0 <= n <= before:
+            raise RuntimeError(
+                f"{op}: argument 'batch_sizes' must hold non-increasing sizes in [0, {B}] (the batch), "
+                f"got {n} at step {t}"
+            )
+        before = n
+    return sizes
+
+
 def _check_batch_sizes(op: str, batch_sizes, T) -> None:
     # Its values are checked by the kernel (a fake tensor has none).
     if batch_sizes is None:
@@ -218,27 +235,32 @@ def _sequence_backward_torch(
     batch_sizes=None,
 ):
     """lltm_op::sequence_backward as differentiable torch ops (what its
-    kernel computes, from the same arguments)."""
+    kernel computes, from the same arguments, a packed run's included)."""
     T, B, F = input.shape
     S = old_h.shape[1]
     w_h, w_x = weights[:, :S], weights[:, S:]
     zero_bias = gates.new_zeros(3 * S)
-    dh, dc = grad_h_n, grad_c_n
+    sizes = _step_rows(OP_BACKWARD, batch_sizes, T, B)
+    # Running gradients of every row's h and c: a row past its last step
+    # (a packed run) keeps grad_h_n / grad_c_n until that step reads them.
+    dh = grad_h_n if grad_h_n is not None else old_h.new_zeros(B, S)
+    dc = grad_c_n if grad_c_n is not None else old_h.new_zeros(B, S)
     d_gates = [None] * T
     for t in reversed(range(T)):
-        g = dh
-        if grad_outputs is not None:
-            g = grad_outputs[t] if g is None else g + grad_outputs[t]
-        c_prev = cells[t - 1] if t else old_cell
-        d_gates[t], _, dc = _ops._cell_backward_torch(g, dc, gates[t], zero_bias, c_prev, False)
-        dh = d_gates[t] @ w_h
+        n = sizes[t]
+        g = dh[:n] if grad_outputs is None else dh[:n] + grad_outputs[t, :n]
+        c_prev = (cells[t - 1] if t else old_cell)[:n]
+        dg, _, dc_rows = _ops._cell_backward_torch(g, dc[:n], gates[t, :n], zero_bias, c_prev, False)
+        if n == B:
+            d_gates[t], dh, dc = dg, dg @ w_h, dc_rows
+        else:
+            d_gates[t] = torch.cat((dg, dg.new_zeros(B - n, 3 * S)))
+            dh, dc = torch.cat((dg @ w_h, dh[n:])), torch.cat((dc_rows, dc[n:]))
     dG = torch.stack(d_gates) if T else gates.new_zeros(0, B, 3 * S)
     h_prev = torch.cat((old_h.unsqueeze(0), outputs[:-1])) if T else outputs
     d_weights = torch.cat((torch.einsum("tbg,tbs->gs", dG, h_prev), torch.einsum("tbg,tbf->gf", dG, input)), 1)
     d_input = dG @ w_x if input_grad else input.new_empty(0)
-    d_old_h = dh.clone() if dh is not None else old_h.new_zeros(B, S)
-    d_old_cell = dc.clone() if dc is not None else old_h.new_zeros(B, S)
-    return d_input, d_weights, dG.sum((0, 1)), d_old_h, d_old_cell
+    return d_input, d_weights, dG.sum((0, 1)), dh.clone(), dc.clone()
 
 
 _runtime.register_composite_autograd("lltm_op::sequence_backward", _sequence_backward_torch)
