@@ -1244,6 +1244,23 @@ def test_batch_sizes_opcheck(device):
     torch.library.opcheck(seq_backward, (*gs, x, w, h, c, outputs, gates, cells, True, False, bs))
 
 
+def test_batch_sizes_export():
+    """An exported program that calls the op with batch_sizes as an input
+    runs other lengths right too (batch_sizes is read by the kernel, not
+    baked into the graph)."""
+
+    class Packed(torch.nn.Module):
+        def forward(self, x, w, b, h, c, bs):
+            return seq_forward(x, w, b, h, c, False, bs)[:3]
+
+    args = make_args(4, 3, 2, 5)
+    ep = torch.export.export(Packed(), (*args, batch_sizes_of([4, 2, 1], 4)))
+    for lengths in ([4, 2, 1], [3, 3, 0]):
+        bs = batch_sizes_of(lengths, 4)
+        for got, want in zip(ep.module()(*args, bs), Packed()(*args, bs)):
+            torch.testing.assert_close(got, want)
+
+
 @pytest.mark.parametrize(
     "bs,message",
     [
