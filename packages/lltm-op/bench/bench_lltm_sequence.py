@@ -152,13 +152,10 @@ def module_rows(device: str, sizes, repeat: int) -> tuple[list[str], list[dict]]
     import lltm_op.rnn as rnn
     from torch.nn.utils.rnn import pack_padded_sequence
 
-    # The packed routes by name: "segments", one op call per run of equal
-    # batch sizes (under forward AD / autocast / torch.compile, and on
-    # devices outside rnn._ONE_CALL_DEVICES); "one call", the op's
-    # batch_sizes (timed as a column of its own where it is not the default).
-    routes = {"segments": False}
-    if device not in rnn._ONE_CALL_DEVICES:
-        routes["one call"] = True
+    # The packed routes by name, each timed as a column of its own: "one
+    # call", the op's batch_sizes (the default); "segments", one op call per
+    # run of equal batch sizes (under forward AD / autocast / torch.compile).
+    routes = {"one call": True, "segments": False}
     lines = [
         "| module case | T, B, F, S, dtype | LLTMSequence | nn.LSTM | ratio |"
         + "".join(f" LLTMSequence, {r} |" for r in routes),

@@ -333,12 +333,21 @@ struct BackwardStep {
 // initial state (h0, c0) or writes the final one (h_n, c_n: forward, last
 // step). Backward: the steps t1 - 1 down to t0 of one chunk, as the loop in
 // sequence_backward sets them up one by one.
+//
+// batch_sizes (both): null, every row runs every step; or a packed run's
+// sizes (host memory, [T]): step t runs rows below batch_sizes[t] only. The
+// caller has zeroed the outputs and cells and set h_n / c_n of rows with no
+// step (forward), and set dc to grad_c_n on every row and passed it as
+// grad_c_n (backward). The device then writes a row's h_n / c_n at its own
+// last step, adds grad_h_n to dh there, writes zero pre-activation
+// gradients past a row's end and leaves its dc as it is.
 struct ForwardSteps {
   int64_t T, B, S, step_gates, step_state;
   ForwardStep first;  // step 0: h_prev = h0, c_prev = c0; h_n / c_n unused
   void* h_n;
   void* c_n;
-  bool tf32;  // Dims::tf32
+  bool tf32;                   // Dims::tf32
+  const int64_t* batch_sizes;  // see above
 };
 
 struct BackwardSteps {
@@ -353,7 +362,8 @@ struct BackwardSteps {
   const void* cells;  // [T, B, S]
   const void* c0;
   void* bias_partial;
-  bool tf32;  // Dims::tf32
+  bool tf32;                   // Dims::tf32
+  const int64_t* batch_sizes;  // see ForwardSteps
 };
 
 // -- the drivers ------------------------------------------------------------------
@@ -428,27 +438,36 @@ ForwardResult sequence_forward(const Tensor& input_arg, const Tensor& weights_ar
     const Tensor w_xT = view_of(weights, {F, S3}, {1, L}, S);
     mm_out(op, g2, x2, w_xT);
   }
-  // A packed run goes step by step on the cuBLAS-product path, each step on
-  // its leading rows (the persistent and fused kernels run a fixed batch).
-  const bool fused = !rows.packed() && Dev::fused(like, d);
+  const bool fused = Dev::fused(like, d);
   const Tensor w_hT_view = view_of(weights, {S, S3}, {1, L});
   // The fused kernels read W_h^T row by row: a contiguous copy, once.
   std::optional<Tensor> w_hT;
-  std::optional<Tensor> rec;
-  if (fused) {
-    w_hT = torch::stable::contiguous(w_hT_view);
-  } else {
-    rec = alloc(op, "a step's recurrent product", like, {B, S3});
-  }
+  if (fused) w_hT = torch::stable::contiguous(w_hT_view);
   const int64_t esize = static_cast<int64_t>(like.element_size());
   char* gates = static_cast<char*>(r.gates.mutable_data_ptr());
   char* outs = static_cast<char*>(r.outputs.mutable_data_ptr());
   char* cells = static_cast<char*>(r.cells.mutable_data_ptr());
   const int64_t step_gates = B * S3 * esize, step_state = B * S * esize;
+  if (rows.packed()) {
+    // Rows past their sequence's end are zero (finite, for the weight
+    // gradients' products over whole steps); rows with no step keep h0, c0.
+    Dev::zero(r.outputs);
+    Dev::zero(r.cells);
+    set_rows<Dev>(like, r.h_n.mutable_data_ptr(), old_h.const_data_ptr(), rows.at(0), B, S * esize);
+    set_rows<Dev>(like, r.c_n.mutable_data_ptr(), old_cell.const_data_ptr(), rows.at(0), B,
+                  S * esize);
+  }
   if (fused) {
-    ForwardSteps all{
-        T,   B, S, step_gates, step_state, {}, r.h_n.mutable_data_ptr(), r.c_n.mutable_data_ptr(),
-        tf32};
+    ForwardSteps all{T,
+                     B,
+                     S,
+                     step_gates,
+                     step_state,
+                     {},
+                     r.h_n.mutable_data_ptr(),
+                     r.c_n.mutable_data_ptr(),
+                     tf32,
+                     rows.packed() ? rows.sizes.data() : nullptr};
     all.first.B = B;
     all.first.S = S;
     all.first.gates = gates;
@@ -460,15 +479,11 @@ ForwardResult sequence_forward(const Tensor& input_arg, const Tensor& weights_ar
     all.first.c = cells;
     if (Dev::forward_steps(like, all)) return r;
   }
-  if (rows.packed()) {
-    // Rows past their sequence's end are zero (finite, for the weight
-    // gradients' products over whole steps); rows with no step keep h0, c0.
-    Dev::zero(r.outputs);
-    Dev::zero(r.cells);
-    set_rows<Dev>(like, r.h_n.mutable_data_ptr(), old_h.const_data_ptr(), rows.at(0), B, S * esize);
-    set_rows<Dev>(like, r.c_n.mutable_data_ptr(), old_cell.const_data_ptr(), rows.at(0), B,
-                  S * esize);
-  }
+  // Step by step: the one-step fused kernels run a fixed batch, so a packed
+  // run takes the cuBLAS-product path, each step on its leading rows.
+  const bool step_fused = fused && !rows.packed();
+  std::optional<Tensor> rec;
+  if (!step_fused) rec = alloc(op, "a step's recurrent product", like, {B, S3});
   for (int64_t t = 0; t < T; ++t) {
     const int64_t n = rows.at(t);
     if (n == 0) break;  // non-increasing: no row runs from here on
@@ -484,7 +499,7 @@ ForwardResult sequence_forward(const Tensor& input_arg, const Tensor& weights_ar
     s.c = cells + t * step_state;
     s.h_n = t == T - 1 && !rows.packed() ? r.h_n.mutable_data_ptr() : nullptr;
     s.c_n = t == T - 1 && !rows.packed() ? r.c_n.mutable_data_ptr() : nullptr;
-    if (fused) {
+    if (step_fused) {
       s.rec = nullptr;
       s.w_hT = w_hT->const_data_ptr();
     } else {
@@ -580,7 +595,8 @@ BackwardResult sequence_backward(const std::optional<Tensor>& grad_outputs_arg,
   if (grad_h_n_arg) ghn = dense(*grad_h_n_arg);
   if (grad_c_n_arg) gcn = dense(*grad_c_n_arg);
 
-  const bool fused = !rows.packed() && Dev::fused(like, d);  // see sequence_forward
+  const bool fused = Dev::fused(like, d);  // see sequence_forward
+  const bool step_fused = fused && !rows.packed();
   const int64_t chunks = backward_chunks(d);
   const int64_t K = (T + chunks - 1) / chunks;
   // K slots for a chunk's steps and one (slot K) that carries dG of the first
@@ -588,7 +604,7 @@ BackwardResult sequence_backward(const std::optional<Tensor>& grad_outputs_arg,
   Tensor dG = alloc(op, "the pre-activation gradients of a chunk", like, {K + 1, B, S3});
   Tensor& dc = r.d_old_cell;  // running gradient of the cell state
   std::optional<Tensor> dh;
-  if (!fused) dh = alloc(op, "a step's recurrent gradient", like, {B, S});
+  if (!step_fused) dh = alloc(op, "a step's recurrent gradient", like, {B, S});
   Tensor partial = Dev::bias_partial(like, d, fused);
   const Tensor w_h = view_of(weights, {S3, S}, {L, 1});
   const Tensor w_x = view_of(weights, {S3, F}, {L, 1}, S);
@@ -654,26 +670,13 @@ BackwardResult sequence_backward(const std::optional<Tensor>& grad_outputs_arg,
       // dG_{t1}, in slot 0 from the chunk before, moves to the carry slot.
       Dev::copy(like, slot(K), slot(0), step_gates);
     }
-    BackwardSteps all{T,
-                      B,
-                      S,
-                      t0,
-                      t1,
-                      K,
-                      step_gates,
-                      step_state,
-                      L,
-                      go_ptr,
+    BackwardSteps all{T, B, S, t0, t1, K, step_gates, step_state, L, go_ptr,
                       ghn ? ghn->const_data_ptr() : nullptr,
-                      gcn ? gcn->const_data_ptr() : nullptr,
-                      dG_ptr,
-                      weights.const_data_ptr(),
-                      dc.mutable_data_ptr(),
-                      gates_ptr,
-                      cells_ptr,
-                      old_cell.const_data_ptr(),
-                      partial.mutable_data_ptr(),
-                      tf32};
+                      // packed: dc holds grad_c_n on every row (above)
+                      rows.packed() ? dc.const_data_ptr() : (gcn ? gcn->const_data_ptr() : nullptr),
+                      dG_ptr, weights.const_data_ptr(), dc.mutable_data_ptr(), gates_ptr, cells_ptr,
+                      old_cell.const_data_ptr(), partial.mutable_data_ptr(), tf32,
+                      rows.packed() ? rows.sizes.data() : nullptr};
     const bool ran = fused && Dev::backward_steps(like, all);
     for (int64_t t = t1 - 1; t >= t0 && !ran; --t) {
       if (rows.packed()) {
@@ -691,7 +694,7 @@ BackwardResult sequence_backward(const std::optional<Tensor>& grad_outputs_arg,
       s.rec = nullptr;
       s.w_h = nullptr;
       if (!last) {
-        if (fused) {
+        if (step_fused) {
           s.dG_next = slot(next_slot);
           s.w_h = weights.const_data_ptr();
           s.w_ld = L;
@@ -707,7 +710,7 @@ BackwardResult sequence_backward(const std::optional<Tensor>& grad_outputs_arg,
       s.d_gates = slot(t - t0);
       s.dc_out = dc.mutable_data_ptr();
       s.bias_partial = partial.mutable_data_ptr();
-      Dev::backward_step(like, s, fused);
+      Dev::backward_step(like, s, step_fused);
     }
     // The chunk's weight and input gradients: products over all its steps.
     const Tensor dG2 = slot_view(0, n);

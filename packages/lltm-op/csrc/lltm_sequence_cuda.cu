@@ -44,6 +44,7 @@
 #include <torch/csrc/stable/tensor.h>
 
 #include <algorithm>
+#include <cstring>
 #include <optional>
 #include <tuple>
 #include <type_traits>
@@ -224,12 +225,17 @@ __global__ void __launch_bounds__(32 * kBwdRows)
 // j of the block's 32, warp = a quarter of the k range for the product and,
 // after the reduction, the row of the cell this thread finishes.
 // kStaged: h_prev is this block's kRows rows of the previous h, staged in
-// shared memory (the persistent kernel; see stage_rows).
+// shared memory (the persistent kernel; see stage_rows). Rows below n run
+// (a packed run's batch size; B otherwise); of those, rows from n_next on
+// (the next step's size) also write h_n / c_n, where these are given.
 template <typename T, bool kStaged>
-__device__ __forceinline__ void forward_fused_step(
-    int64_t B, int64_t S, T* __restrict__ gates, const T* __restrict__ bias,
-    const T* __restrict__ h_prev, const T* __restrict__ w_hT, const T* __restrict__ c_prev,
-    T* __restrict__ h, T* __restrict__ c, T* __restrict__ h_n, T* __restrict__ c_n) {
+__device__ __forceinline__ void forward_fused_step(int64_t B, int64_t S, T* __restrict__ gates,
+                                                   const T* __restrict__ bias,
+                                                   const T* __restrict__ h_prev,
+                                                   const T* __restrict__ w_hT,
+                                                   const T* __restrict__ c_prev, T* __restrict__ h,
+                                                   T* __restrict__ c, T* __restrict__ h_n,
+                                                   T* __restrict__ c_n, int64_t n, int64_t n_next) {
   using A = Acc<T>;
   __shared__ A red[kWarps][3][kRows][32];
   const int lane = threadIdx.x & 31;
@@ -273,7 +279,7 @@ __device__ __forceinline__ void forward_fused_step(
   }
   __syncthreads();
   const int64_t row = r0 + warp;
-  if (warp < kRows && j < S && row < B) {
+  if (warp < kRows && j < S && row < std::min(B, n)) {
     T* gr = gates + row * 3 * S;
     A pre[3];
 #pragma unroll
@@ -292,7 +298,7 @@ __device__ __forceinline__ void forward_fused_step(
     const T hv = to_storage<T>(nh), cv = to_storage<T>(nc);
     h[i] = hv;
     c[i] = cv;
-    if (h_n != nullptr) {
+    if (h_n != nullptr && row >= n_next) {
       h_n[i] = hv;
       c_n[i] = cv;
     }
@@ -305,18 +311,21 @@ __global__ void __launch_bounds__(32 * kWarps)
                          const T* __restrict__ h_prev, const T* __restrict__ w_hT,
                          const T* __restrict__ c_prev, T* __restrict__ h, T* __restrict__ c,
                          T* __restrict__ h_n, T* __restrict__ c_n) {
-  forward_fused_step<T, false>(B, S, gates, bias, h_prev, w_hT, c_prev, h, c, h_n, c_n);
+  forward_fused_step<T, false>(B, S, gates, bias, h_prev, w_hT, c_prev, h, c, h_n, c_n, B, 0);
 }
 
 // dh = grad_out + extra + dG_next W_h (W_h: rows of stride ld), then the
 // cell's backward; partial: [gridDim.y, 3S], this block's bias sums.
 // kStaged: dG_next is this block's kRows rows, staged in shared memory.
+// Rows below n run (a packed run's batch size; B otherwise), extra added on
+// those from n_next on (the next step's size); the other rows get a zero dg
+// and keep their dc (dc_in is dc_out then).
 template <typename T, bool kStaged>
 __device__ __forceinline__ void backward_fused_step(
     int64_t B, int64_t S, const T* __restrict__ go, const T* __restrict__ extra,
     const T* __restrict__ dG_next, const T* __restrict__ w_h, int64_t ld, const T* dc_in,
     const T* __restrict__ gates, const T* __restrict__ c_prev, T* __restrict__ dg, T* dc_out,
-    Acc<T>* __restrict__ partial) {
+    Acc<T>* __restrict__ partial, int64_t n, int64_t n_next) {
   using A = Acc<T>;
   __shared__ A red[kWarps][kRows][32];
   __shared__ A bsum[kRows][3][32];
@@ -349,13 +358,17 @@ __device__ __forceinline__ void backward_fused_step(
   __syncthreads();
   const int64_t row = r0 + warp;
   A d3[3] = {A(0), A(0), A(0)};
-  if (warp < kRows && j < S && row < B) {
+  if (warp < kRows && j < S && row < B && row >= n) {
+    T* d = dg + row * S3;
+    d[j] = d[S + j] = d[2 * S + j] = to_storage<T>(A(0));
+  }
+  if (warp < kRows && j < S && row < std::min(B, n)) {
     const int64_t i = row * S + j;
     A grad_h = A(0);
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) grad_h += red[w][warp][lane];
     if (go != nullptr) grad_h += to_acc(go[i]);
-    if (extra != nullptr) grad_h += to_acc(extra[i]);
+    if (extra != nullptr && row >= n_next) grad_h += to_acc(extra[i]);
     const A grad_c = dc_in != nullptr ? to_acc(dc_in[i]) : A(0);
     const T* g = gates + row * S3;
     A d_c;
@@ -393,7 +406,7 @@ __global__ void __launch_bounds__(32 * kWarps)
                           const T* __restrict__ gates, const T* __restrict__ c_prev,
                           T* __restrict__ dg, T* dc_out, Acc<T>* __restrict__ partial) {
   backward_fused_step<T, false>(B, S, go, extra, dG_next, w_h, ld, dc_in, gates, c_prev, dg, dc_out,
-                                partial);
+                                partial, B, 0);
 }
 
 // -- persistent fused path ------------------------------------------------------------------
@@ -442,20 +455,30 @@ __device__ __forceinline__ void row_barrier(unsigned long long* arrivals,
   __syncthreads();
 }
 
+// The rows step t runs: a packed run's batch size (bs, [T] in device
+// memory), or B; none past the last step.
+__device__ __forceinline__ int64_t rows_at(const int64_t* bs, int64_t B, int64_t T_, int64_t t) {
+  return t >= T_ ? 0 : bs != nullptr ? bs[t] : B;
+}
+
+// bs: a packed run's batch sizes, or null (see rows_at). The sizes do not
+// increase: a block row whose rows have all ended is done.
 template <typename T>
 __global__ void __launch_bounds__(32 * kWarps)
     forward_persistent_kernel(int64_t steps, int64_t B, int64_t S, T* gates, const T* bias,
                               const T* h0, const T* w_hT, const T* c0, T* outs, T* cells, T* h_n,
-                              T* c_n, unsigned long long* arrivals) {
+                              T* c_n, const int64_t* bs, unsigned long long* arrivals) {
   const int64_t step_gates = B * 3 * S, step_state = B * S;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kRows;
   T* stage = stage_memory<T>();
   for (int64_t t = 0; t < steps; ++t) {
+    const int64_t n = rows_at(bs, B, steps, t), n_next = rows_at(bs, B, steps, t + 1);
+    if (r0 >= n) break;
     const bool last = t == steps - 1;
-    const T* h_prev = stage_rows(stage, t ? outs + (t - 1) * step_state : h0, B,
-                                 static_cast<int64_t>(blockIdx.y) * kRows, S);
+    const T* h_prev = stage_rows(stage, t ? outs + (t - 1) * step_state : h0, B, r0, S);
     forward_fused_step<T, true>(B, S, gates + t * step_gates, bias, h_prev, w_hT,
                                 t ? cells + (t - 1) * step_state : c0, outs + t * step_state,
-                                cells + t * step_state, last ? h_n : nullptr, last ? c_n : nullptr);
+                                cells + t * step_state, h_n, c_n, n, n_next);
     if (!last) row_barrier(arrivals, static_cast<unsigned long long>(t + 1) * gridDim.x);
   }
 }
@@ -468,19 +491,21 @@ __global__ void __launch_bounds__(32 * kWarps)
     backward_persistent_kernel(int64_t T_, int64_t t0, int64_t t1, int64_t K, int64_t B, int64_t S,
                                const T* go, const T* ghn, const T* gcn, T* dG, const T* w_h,
                                int64_t ld, T* dc, const T* gates, const T* cells, const T* c0,
-                               Acc<T>* partial, unsigned long long* arrivals) {
+                               Acc<T>* partial, const int64_t* bs, unsigned long long* arrivals) {
   const int64_t step_gates = B * 3 * S, step_state = B * S;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kRows;
   T* stage = stage_memory<T>();
   for (int64_t t = t1 - 1; t >= t0; --t) {
     const bool last = t == T_ - 1;
+    const int64_t n = rows_at(bs, B, T_, t), n_next = rows_at(bs, B, T_, t + 1);
     const int64_t next_slot = t + 1 < t1 ? t + 1 - t0 : K;
-    const T* dG_next = last ? nullptr
-                            : stage_rows(stage, dG + next_slot * step_gates, B,
-                                         static_cast<int64_t>(blockIdx.y) * kRows, 3 * S);
-    backward_fused_step<T, true>(B, S, go ? go + t * step_state : nullptr, last ? ghn : nullptr,
-                                 dG_next, w_h, ld, last ? gcn : dc, gates + t * step_gates,
+    // No row of the block goes on to step t + 1: no recurrent gradient.
+    const T* dG_next =
+        r0 >= n_next ? nullptr : stage_rows(stage, dG + next_slot * step_gates, B, r0, 3 * S);
+    backward_fused_step<T, true>(B, S, go ? go + t * step_state : nullptr, ghn, dG_next, w_h, ld,
+                                 last ? gcn : dc, gates + t * step_gates,
                                  t ? cells + (t - 1) * step_state : c0, dG + (t - t0) * step_gates,
-                                 dc, partial);
+                                 dc, partial, n, n_next);
     if (t > t0) row_barrier(arrivals, static_cast<unsigned long long>(t1 - t) * gridDim.x);
   }
 }
@@ -687,6 +712,24 @@ struct CudaDev {
     return t;
   }
 
+  // A packed run's batch sizes (host, [T]) in device memory for the
+  // persistent kernels: staged in pinned memory and copied without waiting
+  // for the stream (torch keeps the pinned block until the copy is done).
+  static std::optional<Tensor> device_sizes(const Tensor& like, const char* op,
+                                            const int64_t* sizes, int64_t T) {
+    if (sizes == nullptr) return std::nullopt;
+    const std::vector<int64_t> shape{T};
+    Tensor host = torch::stable::empty(shape, torch::headeronly::ScalarType::Long, std::nullopt,
+                                       std::nullopt, /*pin_memory=*/true);
+    std::memcpy(host.mutable_data_ptr(), sizes, static_cast<size_t>(T) * sizeof(int64_t));
+    Tensor dev = alloc(op, "the batch sizes", like, shape, aoti_torch_dtype_int64());
+    torch::stable::copy_(dev, host, /*non_blocking=*/true);
+    return dev;
+  }
+  static const int64_t* ptr_of(const std::optional<Tensor>& t) {
+    return t ? t->const_data_ptr<int64_t>() : nullptr;
+  }
+
   static dim3 fused_grid(int64_t B, int64_t S) {
     return dim3(grid_dim((S + 31) / 32, "the state size"),
                 grid_dim(fused_block_rows(B), "the batch"));
@@ -697,6 +740,7 @@ struct CudaDev {
     const cudaStream_t stream = opscommon::current_stream(device);
     const int optin = opscommon::device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(device);
     Tensor arrivals = arrival_counters(like, p.grid.y);
+    const std::optional<Tensor> bs = device_sizes(like, kSeqForward, a.batch_sizes, a.T);
     const ForwardStep& f = a.first;
     // The kernel reads h0 in 16-byte loads: a view that does not start on
     // such a boundary is copied first.
@@ -720,7 +764,7 @@ struct CudaDev {
               a.T, a.B, a.S, p.bm, static_cast<T*>(f.gates), static_cast<const T*>(f.bias),
               static_cast<const T*>(h0), static_cast<const T*>(f.w_hT),
               static_cast<const T*>(f.c_prev), static_cast<T*>(f.h), static_cast<T*>(f.c),
-              static_cast<T*>(a.h_n), static_cast<T*>(a.c_n),
+              static_cast<T*>(a.h_n), static_cast<T*>(a.c_n), ptr_of(bs),
               static_cast<unsigned long long*>(arrivals.mutable_data_ptr()));
           OPSCOMMON_CUDA_CHECK_LAUNCH();
         });
@@ -734,6 +778,7 @@ struct CudaDev {
     const cudaStream_t stream = opscommon::current_stream(device);
     const int optin = opscommon::device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(device);
     Tensor arrivals = arrival_counters(like, p.grid.y);
+    const std::optional<Tensor> bs = device_sizes(like, kSeqBackward, a.batch_sizes, a.T);
     opscommon::dispatch_floating(like.scalar_type(), kSeqBackward, [&](auto tag) {
       using T = decltype(tag);
       if constexpr (!std::is_same_v<T, double>) {
@@ -747,7 +792,7 @@ struct CudaDev {
               static_cast<const T*>(a.grad_h_n), static_cast<const T*>(a.grad_c_n),
               static_cast<T*>(a.dG), static_cast<const T*>(a.w_h), a.w_ld, static_cast<T*>(a.dc),
               static_cast<const T*>(a.gates), static_cast<const T*>(a.cells),
-              static_cast<const T*>(a.c0), static_cast<float*>(a.bias_partial),
+              static_cast<const T*>(a.c0), static_cast<float*>(a.bias_partial), ptr_of(bs),
               static_cast<unsigned long long*>(arrivals.mutable_data_ptr()));
           OPSCOMMON_CUDA_CHECK_LAUNCH();
         });
@@ -768,12 +813,13 @@ struct CudaDev {
       const size_t stage = kRows * a.S * sizeof(T);
       if (!fits_one_wave(forward_persistent_kernel<T>, grid, stage, device)) return;
       Tensor arrivals = arrival_counters(like, grid.y);
+      const std::optional<Tensor> bs = device_sizes(like, kSeqForward, a.batch_sizes, a.T);
       const ForwardStep& f = a.first;
       forward_persistent_kernel<T><<<grid, 32 * kWarps, stage, opscommon::current_stream(device)>>>(
           a.T, a.B, a.S, static_cast<T*>(f.gates), static_cast<const T*>(f.bias),
           static_cast<const T*>(f.h_prev), static_cast<const T*>(f.w_hT),
           static_cast<const T*>(f.c_prev), static_cast<T*>(f.h), static_cast<T*>(f.c),
-          static_cast<T*>(a.h_n), static_cast<T*>(a.c_n),
+          static_cast<T*>(a.h_n), static_cast<T*>(a.c_n), ptr_of(bs),
           static_cast<unsigned long long*>(arrivals.mutable_data_ptr()));
       OPSCOMMON_CUDA_CHECK_LAUNCH();
       ran = true;
@@ -793,13 +839,14 @@ struct CudaDev {
       const size_t stage = kRows * 3 * a.S * sizeof(T);
       if (!fits_one_wave(backward_persistent_kernel<T>, grid, stage, device)) return;
       Tensor arrivals = arrival_counters(like, grid.y);
+      const std::optional<Tensor> bs = device_sizes(like, kSeqBackward, a.batch_sizes, a.T);
       backward_persistent_kernel<T>
           <<<grid, 32 * kWarps, stage, opscommon::current_stream(device)>>>(
               a.T, a.t0, a.t1, a.K, a.B, a.S, static_cast<const T*>(a.grad_outputs),
               static_cast<const T*>(a.grad_h_n), static_cast<const T*>(a.grad_c_n),
               static_cast<T*>(a.dG), static_cast<const T*>(a.w_h), a.w_ld, static_cast<T*>(a.dc),
               static_cast<const T*>(a.gates), static_cast<const T*>(a.cells),
-              static_cast<const T*>(a.c0), static_cast<Acc<T>*>(a.bias_partial),
+              static_cast<const T*>(a.c0), static_cast<Acc<T>*>(a.bias_partial), ptr_of(bs),
               static_cast<unsigned long long*>(arrivals.mutable_data_ptr()));
       OPSCOMMON_CUDA_CHECK_LAUNCH();
       ran = true;

@@ -950,6 +950,65 @@ def test_cuda_tensor_core_kernels_run_and_match_the_reference(dtype, size):
         assert rel_err(a.grad.cpu(), r.grad) <= limit, f"grad of {name}"
 
 
+# The packed runs' paths: PATHS, and float32 on TF32 tensor cores.
+PACKED_PATHS = {**PATHS, "tf32": {"LLTM_OP_SEQUENCE_TENSOR_CORES": "1"}}
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("path", list(PACKED_PATHS))
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("T,B,F,S", [(9, 70, 8, 64), (5, 5, 3, 40), (6, 33, 5, 33), (4, 300, 4, 16)], ids=str)
+def test_cuda_paths_run_packed_rows(path, dtype, T, B, F, S):
+    """A packed run (batch_sizes) on every CUDA step path, forced: the
+    persistent and tensor-core kernels mask rows past their own length in
+    their one launch (B = 70 and 300: several row tiles and batch blocks,
+    rows ending inside a tile; lengths of 0; two backward chunks), the other
+    paths run each step on its leading rows. Values and every gradient
+    against rows run alone in float64."""
+    need("cuda")
+    if path == "tf32" and dtype != torch.float32:
+        pytest.skip("TF32 is float32's")
+    gen = torch.Generator().manual_seed(T * B + S)
+    lengths = sorted(torch.randint(0, T + 1, (B,), generator=gen).tolist(), reverse=True)
+    lengths[0] = T
+    args = make_args(T, B, F, S, dtype=dtype, device="cuda", generator=gen)
+    for r, n in enumerate(lengths):
+        args[0][n:, r] = 0
+    args = [t.requires_grad_() for t in args]
+    ref_args = [t.detach().double().cpu().requires_grad_() for t in args]
+    ref = packed_reference(ref_args, lengths)
+    grads = [torch.randn(r.shape, dtype=torch.float64, generator=gen) for r in ref]
+    for r, n in enumerate(lengths):
+        grads[0][n:, r] = 0
+    out = []
+
+    def run():
+        out.extend(run_op(*args, batch_sizes_of(lengths, T))[:3])
+        torch.autograd.backward(out, [g.to("cuda", dtype) for g in grads])
+
+    with env(**PACKED_PATHS[path], LLTM_OP_SEQUENCE_CHUNKS=2), tf32_matmul(path == "tf32"):
+        names = _cuda_kernel_names(run)
+    torch.autograd.backward(ref, grads)
+    tc = torch.cuda.get_device_capability()[0] >= 8 and S % 8 == 0
+    if path == "persistent" or (path == "tensor_cores" and dtype != torch.float64 and tc):
+        # One launch for the forward, one per backward chunk: no step kernels.
+        kind = "tc_kernel" if path == "tensor_cores" and dtype != torch.float32 else "persistent_kernel"
+        assert sum(f"forward_{kind}" in n for n in names) == 1, names
+        assert sum(f"backward_{kind}" in n for n in names) == 2, names
+        assert not any("cell_kernel" in n for n in names), names
+    if path == "tf32" and tc:
+        assert sum("forward_tc_kernel" in n for n in names) == 1, names
+    limit = {torch.float64: 1e-12, torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 3e-2}[dtype]
+    if path == "tf32":
+        limit = 5e-3
+    for name, o, r in zip(("outputs", "h_n", "c_n"), out, ref):
+        assert rel_err(o.detach().cpu(), r) <= limit, name
+    for r, n in enumerate(lengths):
+        assert not out[0][n:, r].any(), "outputs past a row's end are zero"
+    for name, a, r in zip(("input", "weights", "bias", "old_h", "old_cell"), args, ref_args):
+        assert rel_err(a.grad.cpu(), r.grad) <= limit, f"grad of {name}"
+
+
 @pytest.mark.cuda
 def test_cuda_float32_uses_tf32_only_where_torch_allows_it():
     """float32 follows torch's float32 matmul setting: with TF32 off (torch's

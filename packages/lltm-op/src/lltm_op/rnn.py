@@ -16,11 +16,12 @@ How each case maps onto the one-layer, one-direction primitive:
   ``[T, B, F]`` batch and the op runs once on it with ``batch_sizes``: each
   step computes its leading rows only (no step is computed on padding),
   each sequence's final state is that of its own last step, and the outputs
-  are packed again (on the CPU; see _ONE_CALL_DEVICES). On CUDA, and under
-  forward AD, torch.func, autocast and ``torch.compile``, the steps run
-  instead as segments of constant batch size, one call each on a
-  ``[steps, rows, F]`` view of the packed data, the state of its leading
-  rows carried into the next segment.
+  are packed again. On CUDA the fused kernels mask the rows past their
+  sequence's end, so a packed run keeps one launch per layer and direction
+  where a padded one has it. Under forward AD, torch.func, autocast and
+  ``torch.compile`` the steps run instead as segments of constant batch
+  size, one call each on a ``[steps, rows, F]`` view of the packed data,
+  the state of its leading rows carried into the next segment.
 """
 
 from __future__ import annotations
@@ -154,13 +155,6 @@ _PLAN_REASON = (
 )
 _DISABLE_KWARGS = {"reason": _PLAN_REASON} if "reason" in inspect.signature(torch.compiler.disable).parameters else {}
 _plan_disabled = False
-
-
-# Devices whose packed runs take the one-call path (the op's batch_sizes).
-# CUDA is not among them until that path has run on a GPU against the
-# reference (its CUDA tests exist: test_sequence.py's batch_sizes tests);
-# there a packed run takes the per-segment calls, which have.
-_ONE_CALL_DEVICES = frozenset({"cpu"})
 
 
 def _packed_plan(input: PackedSequence, bidirectional: bool, one_call: bool):
@@ -455,8 +449,7 @@ class LLTMSequence(nn.Module):
             # public lltm_sequence has the feature (see the module docstring).
             # Under torch.compile the rest is not traced at all.
             one_call = (
-                data.device.type in _ONE_CALL_DEVICES
-                and not torch.compiler.is_compiling()
+                not torch.compiler.is_compiling()
                 and not _runtime.forward_ad_active()
                 and not _runtime.functorch_active()
                 and not _runtime.autocast_enabled(data.device.type)
