@@ -279,7 +279,7 @@ __device__ __forceinline__ void forward_fused_step(int64_t B, int64_t S, T* __re
   }
   __syncthreads();
   const int64_t row = r0 + warp;
-  if (warp < kRows && j < S && row < std::min(B, n)) {
+  if (warp < kRows && j < S && row < n) {
     T* gr = gates + row * 3 * S;
     A pre[3];
 #pragma unroll
@@ -319,13 +319,14 @@ __global__ void __launch_bounds__(32 * kWarps)
 // kStaged: dG_next is this block's kRows rows, staged in shared memory.
 // Rows below n run (a packed run's batch size; B otherwise), extra added on
 // those from n_next on (the next step's size); the other rows get a zero dg
-// and keep their dc (dc_in is dc_out then).
+// and keep their dc (dc_in is dc_out then). n, n_next: ints (B is at most
+// kRows * 65535 on this path), one register each less across the product.
 template <typename T, bool kStaged>
 __device__ __forceinline__ void backward_fused_step(
     int64_t B, int64_t S, const T* __restrict__ go, const T* __restrict__ extra,
     const T* __restrict__ dG_next, const T* __restrict__ w_h, int64_t ld, const T* dc_in,
     const T* __restrict__ gates, const T* __restrict__ c_prev, T* __restrict__ dg, T* dc_out,
-    Acc<T>* __restrict__ partial, int64_t n, int64_t n_next) {
+    Acc<T>* __restrict__ partial, int n, int n_next) {
   using A = Acc<T>;
   __shared__ A red[kWarps][kRows][32];
   __shared__ A bsum[kRows][3][32];
@@ -362,7 +363,7 @@ __device__ __forceinline__ void backward_fused_step(
     T* d = dg + row * S3;
     d[j] = d[S + j] = d[2 * S + j] = to_storage<T>(A(0));
   }
-  if (warp < kRows && j < S && row < std::min(B, n)) {
+  if (warp < kRows && j < S && row < n) {
     const int64_t i = row * S + j;
     A grad_h = A(0);
 #pragma unroll
@@ -461,9 +462,10 @@ __device__ __forceinline__ int64_t rows_at(const int64_t* bs, int64_t B, int64_t
   return t >= T_ ? 0 : bs != nullptr ? bs[t] : B;
 }
 
-// bs: a packed run's batch sizes, or null (see rows_at). The sizes do not
-// increase: a block row whose rows have all ended is done.
-template <typename T>
+// kPacked: bs holds a packed run's batch sizes (see rows_at), which do
+// not increase: a block row whose rows have all ended is done. Without it
+// the kernel is the whole batch's (see backward_persistent_kernel).
+template <typename T, bool kPacked>
 __global__ void __launch_bounds__(32 * kWarps)
     forward_persistent_kernel(int64_t steps, int64_t B, int64_t S, T* gates, const T* bias,
                               const T* h0, const T* w_hT, const T* c0, T* outs, T* cells, T* h_n,
@@ -472,13 +474,16 @@ __global__ void __launch_bounds__(32 * kWarps)
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kRows;
   T* stage = stage_memory<T>();
   for (int64_t t = 0; t < steps; ++t) {
-    const int64_t n = rows_at(bs, B, steps, t), n_next = rows_at(bs, B, steps, t + 1);
-    if (r0 >= n) break;
+    const int64_t n = kPacked ? rows_at(bs, B, steps, t) : B;
+    const int64_t n_next = kPacked ? rows_at(bs, B, steps, t + 1) : 0;
+    if (kPacked && r0 >= n) break;
     const bool last = t == steps - 1;
+    const bool final_state = kPacked || last;  // h_n / c_n written at rows from n_next
     const T* h_prev = stage_rows(stage, t ? outs + (t - 1) * step_state : h0, B, r0, S);
     forward_fused_step<T, true>(B, S, gates + t * step_gates, bias, h_prev, w_hT,
                                 t ? cells + (t - 1) * step_state : c0, outs + t * step_state,
-                                cells + t * step_state, h_n, c_n, n, n_next);
+                                cells + t * step_state, final_state ? h_n : nullptr,
+                                final_state ? c_n : nullptr, n, n_next);
     if (!last) row_barrier(arrivals, static_cast<unsigned long long>(t + 1) * gridDim.x);
   }
 }
@@ -486,7 +491,10 @@ __global__ void __launch_bounds__(32 * kWarps)
 // Steps t1 - 1 down to t0 of a backward chunk, set up as sequence_backward's
 // loop sets them up (lltm_sequence.h): dG of step t goes to slot t - t0, the
 // last step of the chunk reads the next chunk's first dG from slot K.
-template <typename T>
+// kPacked: bs holds a packed run's batch sizes (see rows_at). Without it
+// the step keeps only what a whole batch needs live across the product
+// (n and n_next cost registers, and the kernel would spill at 64).
+template <typename T, bool kPacked>
 __global__ void __launch_bounds__(32 * kWarps)
     backward_persistent_kernel(int64_t T_, int64_t t0, int64_t t1, int64_t K, int64_t B, int64_t S,
                                const T* go, const T* ghn, const T* gcn, T* dG, const T* w_h,
@@ -497,15 +505,18 @@ __global__ void __launch_bounds__(32 * kWarps)
   T* stage = stage_memory<T>();
   for (int64_t t = t1 - 1; t >= t0; --t) {
     const bool last = t == T_ - 1;
-    const int64_t n = rows_at(bs, B, T_, t), n_next = rows_at(bs, B, T_, t + 1);
+    // Whole batch: every row runs, grad_h_n comes at the last step.
+    const int64_t n = kPacked ? rows_at(bs, B, T_, t) : B;
+    const int64_t n_next = kPacked ? rows_at(bs, B, T_, t + 1) : 0;
     const int64_t next_slot = t + 1 < t1 ? t + 1 - t0 : K;
     // No row of the block goes on to step t + 1: no recurrent gradient.
+    const bool product = kPacked ? r0 < n_next : !last;
     const T* dG_next =
-        r0 >= n_next ? nullptr : stage_rows(stage, dG + next_slot * step_gates, B, r0, 3 * S);
-    backward_fused_step<T, true>(B, S, go ? go + t * step_state : nullptr, ghn, dG_next, w_h, ld,
-                                 last ? gcn : dc, gates + t * step_gates,
-                                 t ? cells + (t - 1) * step_state : c0, dG + (t - t0) * step_gates,
-                                 dc, partial, n, n_next);
+        product ? stage_rows(stage, dG + next_slot * step_gates, B, r0, 3 * S) : nullptr;
+    backward_fused_step<T, true>(B, S, go ? go + t * step_state : nullptr,
+                                 kPacked || last ? ghn : nullptr, dG_next, w_h, ld, last ? gcn : dc,
+                                 gates + t * step_gates, t ? cells + (t - 1) * step_state : c0,
+                                 dG + (t - t0) * step_gates, dc, partial, n, n_next);
     if (t > t0) row_barrier(arrivals, static_cast<unsigned long long>(t1 - t) * gridDim.x);
   }
 }
@@ -630,8 +641,12 @@ TcPlan compute_tc_plan(const Dims& d, int device) {
       int per_sm = 0;
       with_q(q, [&](auto qc) {
         constexpr int Q = decltype(qc)::value;
-        per_sm = std::min(resident_blocks(tc::forward_tc_kernel<T, Q>, sf, optin),
-                          resident_blocks(tc::backward_tc_kernel<T, Q>, sb, optin));
+        // The packed variants use as many registers or more: the plan holds
+        // for both.
+        per_sm = std::min({resident_blocks(tc::forward_tc_kernel<T, Q, false>, sf, optin),
+                           resident_blocks(tc::backward_tc_kernel<T, Q, false>, sb, optin),
+                           resident_blocks(tc::forward_tc_kernel<T, Q, true>, sf, optin),
+                           resident_blocks(tc::backward_tc_kernel<T, Q, true>, sb, optin)});
       });
       const int64_t blocks = gx * gy;
       if (gy > 65535 || blocks > static_cast<int64_t>(per_sm) * sms) continue;
@@ -757,7 +772,8 @@ struct CudaDev {
       if constexpr (!std::is_same_v<T, double>) {
         with_q(p.q, [&](auto qc) {
           constexpr int Q = decltype(qc)::value;
-          auto kernel = tc::forward_tc_kernel<T, Q>;
+          auto kernel = a.batch_sizes != nullptr ? tc::forward_tc_kernel<T, Q, true>
+                                                 : tc::forward_tc_kernel<T, Q, false>;
           OPSCOMMON_CUDA_CHECK(
               cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
           kernel<<<p.grid, tc::kTcThreads, p.smem_forward, stream>>>(
@@ -784,7 +800,8 @@ struct CudaDev {
       if constexpr (!std::is_same_v<T, double>) {
         with_q(p.q, [&](auto qc) {
           constexpr int Q = decltype(qc)::value;
-          auto kernel = tc::backward_tc_kernel<T, Q>;
+          auto kernel = a.batch_sizes != nullptr ? tc::backward_tc_kernel<T, Q, true>
+                                                 : tc::backward_tc_kernel<T, Q, false>;
           OPSCOMMON_CUDA_CHECK(
               cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
           kernel<<<p.grid, tc::kTcThreads, p.smem_backward, stream>>>(
@@ -811,11 +828,13 @@ struct CudaDev {
     opscommon::dispatch_floating(like.scalar_type(), kSeqForward, [&](auto tag) {
       using T = decltype(tag);
       const size_t stage = kRows * a.S * sizeof(T);
-      if (!fits_one_wave(forward_persistent_kernel<T>, grid, stage, device)) return;
+      auto kernel = a.batch_sizes != nullptr ? forward_persistent_kernel<T, true>
+                                             : forward_persistent_kernel<T, false>;
+      if (!fits_one_wave(kernel, grid, stage, device)) return;
       Tensor arrivals = arrival_counters(like, grid.y);
       const std::optional<Tensor> bs = device_sizes(like, kSeqForward, a.batch_sizes, a.T);
       const ForwardStep& f = a.first;
-      forward_persistent_kernel<T><<<grid, 32 * kWarps, stage, opscommon::current_stream(device)>>>(
+      kernel<<<grid, 32 * kWarps, stage, opscommon::current_stream(device)>>>(
           a.T, a.B, a.S, static_cast<T*>(f.gates), static_cast<const T*>(f.bias),
           static_cast<const T*>(f.h_prev), static_cast<const T*>(f.w_hT),
           static_cast<const T*>(f.c_prev), static_cast<T*>(f.h), static_cast<T*>(f.c),
@@ -837,17 +856,18 @@ struct CudaDev {
     opscommon::dispatch_floating(like.scalar_type(), kSeqBackward, [&](auto tag) {
       using T = decltype(tag);
       const size_t stage = kRows * 3 * a.S * sizeof(T);
-      if (!fits_one_wave(backward_persistent_kernel<T>, grid, stage, device)) return;
+      auto kernel = a.batch_sizes != nullptr ? backward_persistent_kernel<T, true>
+                                             : backward_persistent_kernel<T, false>;
+      if (!fits_one_wave(kernel, grid, stage, device)) return;
       Tensor arrivals = arrival_counters(like, grid.y);
       const std::optional<Tensor> bs = device_sizes(like, kSeqBackward, a.batch_sizes, a.T);
-      backward_persistent_kernel<T>
-          <<<grid, 32 * kWarps, stage, opscommon::current_stream(device)>>>(
-              a.T, a.t0, a.t1, a.K, a.B, a.S, static_cast<const T*>(a.grad_outputs),
-              static_cast<const T*>(a.grad_h_n), static_cast<const T*>(a.grad_c_n),
-              static_cast<T*>(a.dG), static_cast<const T*>(a.w_h), a.w_ld, static_cast<T*>(a.dc),
-              static_cast<const T*>(a.gates), static_cast<const T*>(a.cells),
-              static_cast<const T*>(a.c0), static_cast<Acc<T>*>(a.bias_partial), ptr_of(bs),
-              static_cast<unsigned long long*>(arrivals.mutable_data_ptr()));
+      kernel<<<grid, 32 * kWarps, stage, opscommon::current_stream(device)>>>(
+          a.T, a.t0, a.t1, a.K, a.B, a.S, static_cast<const T*>(a.grad_outputs),
+          static_cast<const T*>(a.grad_h_n), static_cast<const T*>(a.grad_c_n),
+          static_cast<T*>(a.dG), static_cast<const T*>(a.w_h), a.w_ld, static_cast<T*>(a.dc),
+          static_cast<const T*>(a.gates), static_cast<const T*>(a.cells),
+          static_cast<const T*>(a.c0), static_cast<Acc<T>*>(a.bias_partial), ptr_of(bs),
+          static_cast<unsigned long long*>(arrivals.mutable_data_ptr()));
       OPSCOMMON_CUDA_CHECK_LAUNCH();
       ran = true;
     });

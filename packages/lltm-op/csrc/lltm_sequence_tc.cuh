@@ -325,12 +325,14 @@ __device__ __forceinline__ Pair<T> pack_rounded(float a, float b, float& ra, flo
 
 // -- forward --------------------------------------------------------------------------------
 //
-// bs (both kernels): a packed run's batch sizes in device memory, or null
-// (see rows_at): step t runs rows below rows_at(t) and skips the product of
-// row tiles past it; a row writes h_n / c_n at its own last step (forward),
-// gets grad_h_n there and zero pre-activation gradients past it (backward).
+// kPacked (both kernels): bs holds a packed run's batch sizes in device
+// memory (see rows_at): step t runs rows below rows_at(t) and skips the
+// product of row tiles past it; a row writes h_n / c_n at its own last step
+// (forward), gets grad_h_n there and zero pre-activation gradients past it
+// (backward). Without it the kernels are the whole batch's, with none of
+// the per-step checks (they cost the forward about 15% at T256).
 
-template <typename T, int Q>
+template <typename T, int Q, bool kPacked>
 __global__ void __launch_bounds__(kTcThreads, 1)
     forward_tc_kernel(int64_t steps, int64_t B, int64_t S, int64_t bm, T* gates, const T* bias,
                       const T* h0, const T* w_hT, const T* c0, T* outs, T* cells, T* h_n, T* c_n,
@@ -396,18 +398,20 @@ __global__ void __launch_bounds__(kTcThreads, 1)
 
   const int64_t tile_row = r0 + 16 * mt;  // the warp's row tile's first row
   for (int64_t t = 0; t < steps; ++t) {
-    const int64_t n = rows_at(bs, B, steps, t), n_next = rows_at(bs, B, steps, t + 1);
-    if (r0 >= n) break;  // sizes do not increase: this block row is done
     const bool last = t == steps - 1;
+    const int64_t n = kPacked ? rows_at(bs, B, steps, t) : B;
+    const int64_t n_next = kPacked ? rows_at(bs, B, steps, t + 1) : 0;
+    if (kPacked && r0 >= n) break;  // sizes do not increase: this block row is done
+    const bool live = active && (!kPacked || tile_row < n);
     const T* h_prev = t ? outs + (t - 1) * step_state : h0;
     float acc[NT][4] = {};
-    if (active && tile_row < n) {
+    if (live) {
       const int64_t ra = std::min<int64_t>(row_base, B - 1);
       const int64_t rb = std::min<int64_t>(row_base + 8, B - 1);
       tile_product<T, NT>(acc, h_prev + ra * S, h_prev + rb * S, S, KC * ks / sp.KS,
                           KC * (ks + 1) / sp.KS, frag);
     }
-    if (sp.KS > 1) reduce_k_split<NACC>(&acc[0][0], red, sp, warp, active && tile_row < n);
+    if (sp.KS > 1) reduce_k_split<NACC>(&acc[0][0], red, sp, warp, live);
     if (owner) {
       T* g_t = gates + t * step_gates;
 #pragma unroll
@@ -415,7 +419,7 @@ __global__ void __launch_bounds__(kTcThreads, 1)
 #pragma unroll
         for (int q = 0; q < Q; ++q) {
           const int64_t row = row_base + 8 * half, j = col_base + 8 * q, i = row * S + j;
-          if (!valid(half, q) || row >= n) continue;
+          if (!valid(half, q) || (kPacked && row >= n)) continue;
           float pre[3][2];
 #pragma unroll
           for (int g = 0; g < 3; ++g) {
@@ -435,7 +439,7 @@ __global__ void __launch_bounds__(kTcThreads, 1)
           const Pair<T> cv = pack_rounded<T>(nc[0], nc[1], c_reg[q][half][0], c_reg[q][half][1]);
           store_pair(outs + t * step_state + i, hv);
           store_pair(cells + t * step_state + i, cv);
-          if (row >= n_next) {  // the row's last step
+          if (kPacked ? row >= n_next : last) {  // the row's last step
             store_pair(h_n + i, hv);
             store_pair(c_n + i, cv);
           }
@@ -451,7 +455,7 @@ __global__ void __launch_bounds__(kTcThreads, 1)
 
 // -- backward -------------------------------------------------------------------------------
 
-template <typename T, int Q>
+template <typename T, int Q, bool kPacked>
 __global__ void __launch_bounds__(kTcThreads, 1)
     backward_tc_kernel(int64_t T_, int64_t t0, int64_t t1, int64_t K, int64_t B, int64_t S,
                        int64_t bm, const T* go, const T* ghn, const T* gcn, T* dG, const T* w_h,
@@ -519,13 +523,15 @@ __global__ void __launch_bounds__(kTcThreads, 1)
 
   const int64_t tile_row = r0 + 16 * mt;  // the warp's row tile's first row
   for (int64_t t = t1 - 1; t >= t0; --t) {
-    const int64_t n = rows_at(bs, B, T_, t), n_next = rows_at(bs, B, T_, t + 1);
+    const bool last = t == T_ - 1;
+    const int64_t n = kPacked ? rows_at(bs, B, T_, t) : B;
+    const int64_t n_next = kPacked ? rows_at(bs, B, T_, t + 1) : 0;
     const int64_t next_slot = t + 1 < t1 ? t + 1 - t0 : K;
     const T* dG_next = dG + next_slot * step_gates;
     T* dg_t = dG + (t - t0) * step_gates;
     float acc[NT][4] = {};
     // Rows with no step after this one (all, at the last): no recurrent gradient.
-    if (active && tile_row < n_next) {
+    if (active && (kPacked ? tile_row < n_next : !last)) {
       const int64_t ra = std::min<int64_t>(row_base, B - 1);
       const int64_t rb = std::min<int64_t>(row_base + 8, B - 1);
       tile_product<T, NT>(acc, dG_next + ra * S3, dG_next + rb * S3, S3, KC * ks / sp.KS,
@@ -542,9 +548,9 @@ __global__ void __launch_bounds__(kTcThreads, 1)
           const int64_t i = at(half, q), row = row_base + 8 * half, j = col_base + 8 * q;
           float d[3][2] = {};  // zero past the row's end; its dc held
 #pragma unroll
-          for (int e = 0; e < 2 && row < n; ++e) {
+          for (int e = 0; e < 2 && (!kPacked || row < n); ++e) {
             float grad_h = acc[q][2 * half + e] + elem_of<T>(n_go[q][half], e);
-            if (row >= n_next && ghn != nullptr) grad_h += to_acc(ghn[i + e]);
+            if ((kPacked ? row >= n_next : last) && ghn != nullptr) grad_h += to_acc(ghn[i + e]);
             float d_c;
             cell_backward_math<float, MathFor<T>>(
                 grad_h, dc_reg[q][half][e], elem_of<T>(n_g[0][q][half], e),
