@@ -139,6 +139,11 @@ inline size_t forward_smem(int64_t S, int Q, int64_t bm) {
   const Split s(bm);
   return weight_bytes(k_tiles<T>(S), 3 * Q) + reduce_bytes(s, 12 * Q);
 }
+// The cluster variant's two state buffers of [bm, 8Q] elements.
+template <typename T>
+inline size_t cluster_state_bytes(int Q, int64_t bm) {
+  return 2 * static_cast<size_t>(bm) * 8 * Q * sizeof(T);
+}
 template <typename T>
 inline size_t backward_smem(int64_t S, int Q, int64_t bm) {
   const Split s(bm);
@@ -237,6 +242,95 @@ __device__ __forceinline__ void tile_product(float (&acc)[NT][4], const T* a_ra,
   }
 }
 
+// -- thread block clusters (sm_90) -----------------------------------------------------------
+//
+// The forward's cluster variant: the column blocks of one batch block form
+// one cluster. Each block keeps its own columns of the step's h for its rows
+// in shared memory (two buffers, by step parity); the next step's product
+// reads the whole rows from the cluster's blocks (distributed shared memory)
+// instead of L2, and the blocks meet at the cluster's hardware barrier
+// instead of a counter in global memory: both are on every step's critical
+// path.
+
+// This thread's shared-memory address of p (a shared-memory pointer).
+__device__ __forceinline__ uint32_t shared_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes at shared-memory address `addr` of the cluster's block `rank`.
+__device__ __forceinline__ uint4 load_cluster_v4(uint32_t addr, uint32_t rank) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
+  uint4 v;
+  asm volatile("ld.shared::cluster.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(remote));
+  return v;
+#else
+  __trap();  // never launched below sm_90 (the host checks the device)
+  return make_uint4(0, 0, 0, 0);
+#endif
+}
+
+// Every thread of every block of the cluster arrives (its shared-memory
+// writes released) and waits for all (theirs acquired).
+__device__ __forceinline__ void cluster_barrier() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "barrier.cluster.arrive.release.aligned;\n"
+      "barrier.cluster.wait.acquire.aligned;\n" ::
+          : "memory");
+#else
+  __trap();
+#endif
+}
+
+// load_group from the cluster's state buffers: row la / lb (rows of the
+// batch block) of the [bm, NJ] buffers at shared address `buf` of each
+// block, block b holding columns b * NJ .. + NJ - 1 (NJ a multiple of 8: a
+// thread's 16 bytes are in one block).
+template <typename T>
+__device__ __forceinline__ void load_group_cluster(uint4 (&v)[kGroup][2], uint32_t buf, int la,
+                                                   int lb, int NJ, int64_t K, int64_t c,
+                                                   int64_t c1) {
+  const int tig = threadIdx.x & 3;
+#pragma unroll
+  for (int u = 0; u < kGroup; ++u) {
+    const int64_t off = (c + u) * kChunk<T> + kPerThread<T> * tig;  // elements
+    if (c + u < c1 && off < K) {
+      const uint32_t rank = static_cast<uint32_t>(off / NJ);
+      const uint32_t col = static_cast<uint32_t>(off - int64_t(rank) * NJ);
+      v[u][0] = load_cluster_v4(buf + (la * NJ + col) * sizeof(T), rank);
+      v[u][1] = load_cluster_v4(buf + (lb * NJ + col) * sizeof(T), rank);
+      if constexpr (sizeof(T) == 4) {
+        v[u][0] = make_uint4(to_tf32(v[u][0].x), to_tf32(v[u][0].y), to_tf32(v[u][0].z),
+                             to_tf32(v[u][0].w));
+        v[u][1] = make_uint4(to_tf32(v[u][1].x), to_tf32(v[u][1].y), to_tf32(v[u][1].z),
+                             to_tf32(v[u][1].w));
+      }
+    } else {
+      v[u][0] = make_uint4(0, 0, 0, 0);
+      v[u][1] = make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
+// tile_product with A read from the cluster's state buffers.
+template <typename T, int NT>
+__device__ __forceinline__ void tile_product_cluster(float (&acc)[NT][4], uint32_t buf, int la,
+                                                     int lb, int NJ, int64_t K, int64_t c0,
+                                                     int64_t c1, const uint2* frag) {
+  uint4 va[kGroup][2], vb[kGroup][2];
+  load_group_cluster<T>(va, buf, la, lb, NJ, K, c0, c1);
+  for (int64_t c = c0; c < c1; c += 2 * kGroup) {
+    load_group_cluster<T>(vb, buf, la, lb, NJ, K, c + kGroup, c1);
+    mma_group<T, NT>(acc, va, c, c1, frag);
+    load_group_cluster<T>(va, buf, la, lb, NJ, K, c + 2 * kGroup, c1);
+    mma_group<T, NT>(acc, vb, c + kGroup, c1, frag);
+  }
+}
+
 // Sum the k-split partial accumulators into those of the ks == 0 warps.
 // Every thread of the block calls it (it holds a barrier).
 template <int NACC>
@@ -331,8 +425,12 @@ __device__ __forceinline__ Pair<T> pack_rounded(float a, float b, float& ra, flo
 // (forward), gets grad_h_n there and zero pre-activation gradients past it
 // (backward). Without it the kernels are the whole batch's, with none of
 // the per-step checks (they cost the forward about 15% at T256).
+//
+// kCluster (forward): the launch's clusters are its batch blocks (gridDim.x
+// blocks each, sm_90): a step's h is exchanged in distributed shared memory
+// and the barrier is the cluster's (see above). Arrivals are unused then.
 
-template <typename T, int Q, bool kPacked>
+template <typename T, int Q, bool kPacked, bool kCluster = false>
 __global__ void __launch_bounds__(kTcThreads, 1)
     forward_tc_kernel(int64_t steps, int64_t B, int64_t S, int64_t bm, T* gates, const T* bias,
                       const T* h0, const T* w_hT, const T* c0, T* outs, T* cells, T* h_n, T* c_n,
@@ -343,6 +441,9 @@ __global__ void __launch_bounds__(kTcThreads, 1)
   const int64_t KC = (S + kChunk<T> - 1) / kChunk<T>, KT = 2 * KC;  // k chunks, tiles
   uint2* frag = reinterpret_cast<uint2*>(smem);
   float* red = reinterpret_cast<float*>(smem + weight_bytes(KT, NT));
+  // kCluster: the state buffers [2][bm][NJ], after the reduction buffer.
+  T* state = reinterpret_cast<T*>(smem + weight_bytes(KT, NT) + reduce_bytes(sp, 4 * NT));
+  constexpr int NJ = 8 * Q;
   const int64_t j0 = static_cast<int64_t>(blockIdx.x) * 8 * Q;
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * bm;
   // Tile nt = g * Q + q: gate g, columns j0 + 8q .. + 7. W_h^T is [S, 3S].
@@ -408,8 +509,14 @@ __global__ void __launch_bounds__(kTcThreads, 1)
     if (live) {
       const int64_t ra = std::min<int64_t>(row_base, B - 1);
       const int64_t rb = std::min<int64_t>(row_base + 8, B - 1);
-      tile_product<T, NT>(acc, h_prev + ra * S, h_prev + rb * S, S, KC * ks / sp.KS,
-                          KC * (ks + 1) / sp.KS, frag);
+      const int64_t k0 = KC * ks / sp.KS, k1 = KC * (ks + 1) / sp.KS;
+      if (kCluster && t > 0) {
+        const uint32_t buf = shared_address(state + ((t - 1) & 1) * bm * NJ);
+        tile_product_cluster<T, NT>(acc, buf, static_cast<int>(ra - r0), static_cast<int>(rb - r0),
+                                    NJ, S, k0, k1, frag);
+      } else {
+        tile_product<T, NT>(acc, h_prev + ra * S, h_prev + rb * S, S, k0, k1, frag);
+      }
     }
     if (sp.KS > 1) reduce_k_split<NACC>(&acc[0][0], red, sp, warp, live);
     if (owner) {
@@ -439,6 +546,9 @@ __global__ void __launch_bounds__(kTcThreads, 1)
           const Pair<T> cv = pack_rounded<T>(nc[0], nc[1], c_reg[q][half][0], c_reg[q][half][1]);
           store_pair(outs + t * step_state + i, hv);
           store_pair(cells + t * step_state + i, cv);
+          if (kCluster && !last) {
+            store_pair(state + (t & 1) * bm * NJ + (row - r0) * NJ + (j - j0), hv);
+          }
           if (kPacked ? row >= n_next : last) {  // the row's last step
             store_pair(h_n + i, hv);
             store_pair(c_n + i, cv);
@@ -447,10 +557,20 @@ __global__ void __launch_bounds__(kTcThreads, 1)
       }
       if (!last) prefetch_p(t + 1);
     }
-    // row_barrier starts with __syncthreads: the reduction buffer is free
-    // again before the next step writes it.
-    if (!last) row_barrier(arrivals, static_cast<unsigned long long>(t + 1) * gridDim.x);
+    // Both barriers hold the block's threads too: the reduction buffer is
+    // free again before the next step writes it.
+    if (!last) {
+      if constexpr (kCluster) {
+        cluster_barrier();
+      } else {
+        row_barrier(arrivals, static_cast<unsigned long long>(t + 1) * gridDim.x);
+      }
+    }
   }
+  // No block of a cluster leaves while another may still read its buffers
+  // (the last step's product; a packed cluster stops at one step, all its
+  // blocks together).
+  if constexpr (kCluster) cluster_barrier();
 }
 
 // -- backward -------------------------------------------------------------------------------

@@ -850,8 +850,11 @@ PATHS = {
         "LLTM_OP_SEQUENCE_TENSOR_CORES": "0",
     },
     # float16 / bfloat16 with S a multiple of 8 on sm_80+: the tensor-core
-    # persistent kernels; other dtypes and sizes take the default path.
+    # persistent kernels (on sm_90 the forward's cluster variant where its
+    # clusters fit); other dtypes and sizes take the default path.
     "tensor_cores": {"LLTM_OP_SEQUENCE_TENSOR_CORES": "1"},
+    # The same with the forward's global-barrier kernel everywhere.
+    "tc_global": {"LLTM_OP_SEQUENCE_TENSOR_CORES": "1", "LLTM_OP_SEQUENCE_CLUSTERS": "0"},
 }
 
 
@@ -990,9 +993,10 @@ def test_cuda_paths_run_packed_rows(path, dtype, T, B, F, S):
         names = _cuda_kernel_names(run)
     torch.autograd.backward(ref, grads)
     tc = torch.cuda.get_device_capability()[0] >= 8 and S % 8 == 0
-    if path == "persistent" or (path == "tensor_cores" and dtype != torch.float64 and tc):
+    tc_path = path in ("tensor_cores", "tc_global")
+    if path == "persistent" or (tc_path and dtype != torch.float64 and tc):
         # One launch for the forward, one per backward chunk: no step kernels.
-        kind = "tc_kernel" if path == "tensor_cores" and dtype != torch.float32 else "persistent_kernel"
+        kind = "tc_kernel" if tc_path and dtype != torch.float32 else "persistent_kernel"
         assert sum(f"forward_{kind}" in n for n in names) == 1, names
         assert sum(f"backward_{kind}" in n for n in names) == 2, names
         assert not any("cell_kernel" in n for n in names), names
@@ -1007,6 +1011,39 @@ def test_cuda_paths_run_packed_rows(path, dtype, T, B, F, S):
         assert not out[0][n:, r].any(), "outputs past a row's end are zero"
     for name, a, r in zip(("input", "weights", "bias", "old_h", "old_cell"), args, ref_args):
         assert rel_err(a.grad.cpu(), r.grad) <= limit, f"grad of {name}"
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("T,B,F,S", [(7, 8, 8, 64), (5, 40, 8, 128), (3, 3, 4, 8)], ids=str)
+@pytest.mark.parametrize("packed", [False, True], ids=["whole", "packed"])
+def test_cuda_forward_cluster_variant_matches_the_global_barrier_kernel(dtype, T, B, F, S, packed):
+    """On sm_90 the tensor-core forward runs as one thread-block cluster per
+    batch block (h exchanged in distributed shared memory) where its column
+    blocks fit one cluster: same block shape and arithmetic as the
+    global-barrier kernel, so the same bits."""
+    need("cuda")
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("thread-block clusters need sm_90 or newer")
+    gen = torch.Generator().manual_seed(T + B + S)
+    args = make_args(T, B, F, S, dtype=dtype, device="cuda", generator=gen)
+    bs = None
+    if packed:
+        lengths = sorted(torch.randint(0, T + 1, (B,), generator=gen).tolist(), reverse=True)
+        lengths[0] = T
+        bs = batch_sizes_of(lengths, T)
+    runs = {}
+    for clusters in ("1", "0"):
+        with env(LLTM_OP_SEQUENCE_TENSOR_CORES="1", LLTM_OP_SEQUENCE_CLUSTERS=clusters), tf32_matmul(True):
+            got = []
+            names = _cuda_kernel_names(lambda got=got: got.extend(run_op(*args, bs)[:3]))
+        forward = [n for n in names if "forward_tc_kernel<" in n]
+        assert len(forward) == 1, names
+        # The kernel's last template argument is kCluster.
+        assert (", true>(" in forward[0]) == (clusters == "1"), forward
+        runs[clusters] = got
+    for name, a, b in zip(("outputs", "h_n", "c_n"), runs["1"], runs["0"]):
+        assert torch.equal(a, b), name
 
 
 @pytest.mark.cuda
