@@ -385,6 +385,32 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_forward_cpu(
   return out;
 }
 
+// The forward with nothing kept for a backward (see sequence_forward).
+std::tuple<Tensor, Tensor, Tensor> sequence_inference_cpu(Tensor input, Tensor weights, Tensor bias,
+                                                          Tensor old_h, Tensor old_cell,
+                                                          bool allow_tf32,
+                                                          std::optional<Tensor> batch_sizes) {
+  const auto dtype = input.scalar_type();
+  if (!float32_products(dtype)) {
+    ForwardResult r = sequence_forward<CpuDev>(input, weights, bias, old_h, old_cell, allow_tf32,
+                                               batch_sizes, /*inference=*/true);
+    return {r.outputs, r.h_n, r.c_n};
+  }
+  const char* op = kSeqInference;
+  check_forward_args(op, input, weights, bias, old_h, old_cell);
+  std::tuple<Tensor, Tensor, Tensor> out;
+  dispatch_half(dtype, [&](auto tag) {
+    using R = decltype(tag);
+    ForwardResult r = sequence_forward<CpuDevF32<R>>(
+        to_f32<R>(op, "input", input), to_f32<R>(op, "weights", weights),
+        to_f32<R>(op, "bias", bias), to_f32<R>(op, "old_h", old_h),
+        to_f32<R>(op, "old_cell", old_cell), allow_tf32, batch_sizes, /*inference=*/true);
+    out = {from_f32<R>(op, "outputs", r.outputs), from_f32<R>(op, "h_n", r.h_n),
+           from_f32<R>(op, "c_n", r.c_n)};
+  });
+  return out;
+}
+
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_backward_cpu(
     std::optional<Tensor> grad_outputs, std::optional<Tensor> grad_h_n,
     std::optional<Tensor> grad_c_n, Tensor input, Tensor weights, Tensor old_h, Tensor old_cell,
@@ -437,6 +463,15 @@ STABLE_TORCH_LIBRARY_FRAGMENT(lltm_op, m) {
       "sequence_forward(Tensor input, Tensor weights, Tensor bias, Tensor old_h, Tensor old_cell, "
       "bool allow_tf32=False, Tensor? batch_sizes=None) -> (Tensor outputs, Tensor h_n, "
       "Tensor c_n, Tensor gates, Tensor cells)");
+  // sequence_forward's outputs, h_n and c_n with nothing kept for a
+  // backward (inference): past 16 MiB the pre-activations and cell states
+  // are held for an eighth of the steps at a time, so the run takes less
+  // memory than a loop of cells. Not differentiable (an error if a gradient
+  // is asked for).
+  m.def(
+      "sequence_inference(Tensor input, Tensor weights, Tensor bias, Tensor old_h, "
+      "Tensor old_cell, bool allow_tf32=False, Tensor? batch_sizes=None) -> (Tensor outputs, "
+      "Tensor h_n, Tensor c_n)");
   // Gradients of input (an empty [0] tensor unless input_grad), weights,
   // bias, old_h and old_cell; an absent (None) incoming gradient counts as
   // zero. The autograd of sequence_forward (sequence.py) calls this; it has
@@ -450,5 +485,6 @@ STABLE_TORCH_LIBRARY_FRAGMENT(lltm_op, m) {
 
 STABLE_TORCH_LIBRARY_IMPL(lltm_op, CPU, m) {
   m.impl("sequence_forward", TORCH_BOX(&lltm_op::seq::sequence_forward_cpu));
+  m.impl("sequence_inference", TORCH_BOX(&lltm_op::seq::sequence_inference_cpu));
   m.impl("sequence_backward", TORCH_BOX(&lltm_op::seq::sequence_backward_cpu));
 }

@@ -57,6 +57,7 @@ using torch::stable::Tensor;
 
 constexpr const char* kSeqForward = "lltm_op.sequence_forward";
 constexpr const char* kSeqBackward = "lltm_op.sequence_backward";
+constexpr const char* kSeqInference = "lltm_op.sequence_inference";
 
 // -- checks -------------------------------------------------------------------
 
@@ -405,20 +406,45 @@ struct ForwardResult {
   Tensor outputs, h_n, c_n, gates, cells;
 };
 
+// How many steps an inference run (sequence_inference: nothing kept for a
+// backward) holds the input projection and the cell states of at once.
+// Where those of every step (4S values a row and step) would take more than
+// kInferenceKeepBytes: an eighth of the steps, so that the run takes less
+// memory than a loop of cells collecting its outputs (outputs, then half
+// of that); below, all steps at once, as sequence_forward keeps them (a
+// chunk costs a product and a launch; at T64 eight chunks made the run up
+// to 18% slower, for a few MiB). At least 2 steps a chunk: a chunk's first
+// step reads the previous chunk's last cell state from the slot the chunk
+// writes last. LLTM_OP_SEQUENCE_INFERENCE_CHUNKS overrides the number.
+constexpr double kInferenceKeepBytes = 16.0 * (1 << 20);
+inline int64_t inference_chunk_steps(const Dims& d, int64_t esize) {
+  const double all = 4.0 * static_cast<double>(d.T) * d.B * d.S * esize;
+  const int64_t chunks =
+      env_int("LLTM_OP_SEQUENCE_INFERENCE_CHUNKS", all > kInferenceKeepBytes ? 8 : 1);
+  if (chunks <= 1 || d.T < 4) return d.T;
+  return std::max<int64_t>(2, (d.T + chunks - 1) / chunks);
+}
+
+// inference: gates and cells are scratch for a chunk of steps at a time
+// (inference_chunk_steps), not results; the steps run chunk by chunk, each
+// chunk's input projection one product.
 template <class Dev>
 ForwardResult sequence_forward(const Tensor& input_arg, const Tensor& weights_arg,
                                const Tensor& bias_arg, const Tensor& old_h_arg,
                                const Tensor& old_cell_arg, bool tf32 = false,
-                               const std::optional<Tensor>& batch_sizes = std::nullopt) {
-  const char* op = kSeqForward;
+                               const std::optional<Tensor>& batch_sizes = std::nullopt,
+                               bool inference = false) {
+  const char* op = inference ? kSeqInference : kSeqForward;
   Dims d = check_forward_args(op, input_arg, weights_arg, bias_arg, old_h_arg, old_cell_arg);
   d.tf32 = tf32;
   const StepRows rows = check_batch_sizes(op, batch_sizes, d);
   const int64_t T = d.T, B = d.B, F = d.F, S = d.S, S3 = 3 * S, L = S + F;
+  const int64_t K =
+      inference ? inference_chunk_steps(d, static_cast<int64_t>(input_arg.element_size())) : T;
   const Tensor& like = input_arg;
   ForwardResult r{alloc(op, "outputs", like, {T, B, S}), alloc(op, "h_n", like, {B, S}),
-                  alloc(op, "c_n", like, {B, S}), alloc(op, "gates", like, {T, B, S3}),
-                  alloc(op, "cells", like, {T, B, S})};
+                  alloc(op, "c_n", like, {B, S}), alloc(op, "gates", like, {K, B, S3}),
+                  alloc(op, "cells", like, {K, B, S})};
   if (B * S == 0) return r;
   if (T == 0) {
     torch::stable::copy_(r.h_n, old_h_arg);
@@ -431,15 +457,9 @@ ForwardResult sequence_forward(const Tensor& input_arg, const Tensor& weights_ar
   const Tensor old_h = dense(old_h_arg);
   const Tensor old_cell = dense(old_cell_arg);
 
-  // P = X W_x^T for all steps, straight into the gates buffer.
-  {
-    Tensor g2 = view_of(r.gates, {T * B, S3}, {S3, 1});
-    const Tensor x2 = view_of(input, {T * B, F}, {F, 1});
-    const Tensor w_xT = view_of(weights, {F, S3}, {1, L}, S);
-    mm_out(op, g2, x2, w_xT);
-  }
   const bool fused = Dev::fused(like, d);
   const Tensor w_hT_view = view_of(weights, {S, S3}, {1, L});
+  const Tensor w_xT = view_of(weights, {F, S3}, {1, L}, S);
   // The fused kernels read W_h^T row by row: a contiguous copy, once.
   std::optional<Tensor> w_hT;
   if (fused) w_hT = torch::stable::contiguous(w_hT_view);
@@ -452,70 +472,87 @@ ForwardResult sequence_forward(const Tensor& input_arg, const Tensor& weights_ar
     // Rows past their sequence's end are zero (finite, for the weight
     // gradients' products over whole steps); rows with no step keep h0, c0.
     Dev::zero(r.outputs);
-    Dev::zero(r.cells);
+    if (!inference) Dev::zero(r.cells);
     set_rows<Dev>(like, r.h_n.mutable_data_ptr(), old_h.const_data_ptr(), rows.at(0), B, S * esize);
     set_rows<Dev>(like, r.c_n.mutable_data_ptr(), old_cell.const_data_ptr(), rows.at(0), B,
                   S * esize);
-  }
-  if (fused) {
-    ForwardSteps all{T,
-                     B,
-                     S,
-                     step_gates,
-                     step_state,
-                     {},
-                     r.h_n.mutable_data_ptr(),
-                     r.c_n.mutable_data_ptr(),
-                     tf32,
-                     rows.packed() ? rows.sizes.data() : nullptr};
-    all.first.B = B;
-    all.first.S = S;
-    all.first.gates = gates;
-    all.first.bias = bias.const_data_ptr();
-    all.first.h_prev = old_h.const_data_ptr();
-    all.first.c_prev = old_cell.const_data_ptr();
-    all.first.w_hT = w_hT->const_data_ptr();
-    all.first.h = outs;
-    all.first.c = cells;
-    if (Dev::forward_steps(like, all)) return r;
   }
   // Step by step: the one-step fused kernels run a fixed batch, so a packed
   // run takes the cuBLAS-product path, each step on its leading rows.
   const bool step_fused = fused && !rows.packed();
   std::optional<Tensor> rec;
-  if (!step_fused) rec = alloc(op, "a step's recurrent product", like, {B, S3});
-  for (int64_t t = 0; t < T; ++t) {
-    const int64_t n = rows.at(t);
-    if (n == 0) break;  // non-increasing: no row runs from here on
-    ForwardStep s{};
-    s.B = n;
-    s.S = S;
-    s.gates = gates + t * step_gates;
-    s.bias = bias.const_data_ptr();
-    s.h_prev = t ? static_cast<const void*>(outs + (t - 1) * step_state) : old_h.const_data_ptr();
-    s.c_prev =
-        t ? static_cast<const void*>(cells + (t - 1) * step_state) : old_cell.const_data_ptr();
-    s.h = outs + t * step_state;
-    s.c = cells + t * step_state;
-    s.h_n = t == T - 1 && !rows.packed() ? r.h_n.mutable_data_ptr() : nullptr;
-    s.c_n = t == T - 1 && !rows.packed() ? r.c_n.mutable_data_ptr() : nullptr;
-    if (step_fused) {
-      s.rec = nullptr;
-      s.w_hT = w_hT->const_data_ptr();
-    } else {
-      const Tensor h_prev =
-          t ? view_of(r.outputs, {n, S}, {S, 1}, (t - 1) * B * S) : view_of(old_h, {n, S}, {S, 1});
-      Tensor rec_n = view_of(*rec, {n, S3}, {S3, 1});
-      mm_out(op, rec_n, h_prev, w_hT_view);
-      s.rec = rec->const_data_ptr();
-      s.w_hT = nullptr;
+  for (int64_t t0 = 0; t0 < T && rows.at(t0) > 0; t0 += K) {
+    const int64_t t1 = std::min(T, t0 + K), steps = t1 - t0;
+    // Chunk slots: step t's gates and cell state at slot t - t0.
+    auto slot_gates = [&](int64_t t) { return gates + (t - t0) * step_gates; };
+    auto slot_cells = [&](int64_t t) { return cells + (t - t0) * step_state; };
+    // The cell state before step t0: the previous chunk's last (slot K - 1).
+    const void* c_before =
+        t0 ? static_cast<const void*>(cells + (K - 1) * step_state) : old_cell.const_data_ptr();
+    {
+      // P = X W_x^T for the chunk's steps, straight into its gates slots.
+      Tensor g2 = view_of(r.gates, {steps * B, S3}, {S3, 1});
+      const Tensor x2 = view_of(input, {steps * B, F}, {F, 1}, t0 * B * F);
+      mm_out(op, g2, x2, w_xT);
     }
-    Dev::forward_step(like, s);
-    if (rows.packed()) {
-      // Rows at their last step: h and c are final.
-      const int64_t done = rows.at(t + 1);
-      set_rows<Dev>(like, r.h_n.mutable_data_ptr(), outs + t * step_state, done, n, S * esize);
-      set_rows<Dev>(like, r.c_n.mutable_data_ptr(), cells + t * step_state, done, n, S * esize);
+    if (fused) {
+      ForwardSteps all{steps,
+                       B,
+                       S,
+                       step_gates,
+                       step_state,
+                       {},
+                       r.h_n.mutable_data_ptr(),
+                       r.c_n.mutable_data_ptr(),
+                       tf32,
+                       rows.packed() ? rows.sizes.data() + t0 : nullptr};
+      all.first.B = B;
+      all.first.S = S;
+      all.first.gates = gates;
+      all.first.bias = bias.const_data_ptr();
+      all.first.h_prev =
+          t0 ? static_cast<const void*>(outs + (t0 - 1) * step_state) : old_h.const_data_ptr();
+      all.first.c_prev = c_before;
+      all.first.w_hT = w_hT->const_data_ptr();
+      all.first.h = outs + t0 * step_state;
+      all.first.c = cells;
+      // A chunk's last step writes h_n / c_n of the rows still running; a
+      // later chunk writes them again for the rows that go on.
+      if (Dev::forward_steps(like, all)) continue;
+    }
+    if (!step_fused && !rec) rec = alloc(op, "a step's recurrent product", like, {B, S3});
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t n = rows.at(t);
+      if (n == 0) break;  // non-increasing: no row runs from here on
+      ForwardStep s{};
+      s.B = n;
+      s.S = S;
+      s.gates = slot_gates(t);
+      s.bias = bias.const_data_ptr();
+      s.h_prev = t ? static_cast<const void*>(outs + (t - 1) * step_state) : old_h.const_data_ptr();
+      s.c_prev = t > t0 ? static_cast<const void*>(slot_cells(t - 1)) : c_before;
+      s.h = outs + t * step_state;
+      s.c = slot_cells(t);
+      s.h_n = t == T - 1 && !rows.packed() ? r.h_n.mutable_data_ptr() : nullptr;
+      s.c_n = t == T - 1 && !rows.packed() ? r.c_n.mutable_data_ptr() : nullptr;
+      if (step_fused) {
+        s.rec = nullptr;
+        s.w_hT = w_hT->const_data_ptr();
+      } else {
+        const Tensor h_prev = t ? view_of(r.outputs, {n, S}, {S, 1}, (t - 1) * B * S)
+                                : view_of(old_h, {n, S}, {S, 1});
+        Tensor rec_n = view_of(*rec, {n, S3}, {S3, 1});
+        mm_out(op, rec_n, h_prev, w_hT_view);
+        s.rec = rec->const_data_ptr();
+        s.w_hT = nullptr;
+      }
+      Dev::forward_step(like, s);
+      if (rows.packed()) {
+        // Rows at their last step: h and c are final.
+        const int64_t done = rows.at(t + 1);
+        set_rows<Dev>(like, r.h_n.mutable_data_ptr(), outs + t * step_state, done, n, S * esize);
+        set_rows<Dev>(like, r.c_n.mutable_data_ptr(), slot_cells(t), done, n, S * esize);
+      }
     }
   }
   return r;

@@ -1097,6 +1097,17 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_forward_cuda(
   return {r.outputs, r.h_n, r.c_n, r.gates, r.cells};
 }
 
+std::tuple<Tensor, Tensor, Tensor> sequence_inference_cuda(Tensor input, Tensor weights,
+                                                           Tensor bias, Tensor old_h,
+                                                           Tensor old_cell, bool allow_tf32,
+                                                           std::optional<Tensor> batch_sizes) {
+  check_operand(kSeqInference, "input", input);
+  opscommon::DeviceGuard guard(input.get_device());
+  ForwardResult r = sequence_forward<CudaDev>(input, weights, bias, old_h, old_cell, allow_tf32,
+                                              batch_sizes, /*inference=*/true);
+  return {r.outputs, r.h_n, r.c_n};
+}
+
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_backward_cuda(
     std::optional<Tensor> grad_outputs, std::optional<Tensor> grad_h_n,
     std::optional<Tensor> grad_c_n, Tensor input, Tensor weights, Tensor old_h, Tensor old_cell,
@@ -1115,5 +1126,6 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_backward_cuda(
 
 STABLE_TORCH_LIBRARY_IMPL(lltm_op, CUDA, m) {
   m.impl("sequence_forward", TORCH_BOX(&lltm_op::seq::sequence_forward_cuda));
+  m.impl("sequence_inference", TORCH_BOX(&lltm_op::seq::sequence_inference_cuda));
   m.impl("sequence_backward", TORCH_BOX(&lltm_op::seq::sequence_backward_cuda));
 }

@@ -1036,7 +1036,8 @@ def test_cuda_forward_cluster_variant_matches_the_global_barrier_kernel(dtype, T
     for clusters in ("1", "0"):
         with env(LLTM_OP_SEQUENCE_TENSOR_CORES="1", LLTM_OP_SEQUENCE_CLUSTERS=clusters), tf32_matmul(True):
             got = []
-            names = _cuda_kernel_names(lambda got=got: got.extend(run_op(*args, bs)[:3]))
+            # The op itself (a no-grad run_op would take sequence_inference).
+            names = _cuda_kernel_names(lambda got=got: got.extend(seq_forward(*args, True, bs)[:3]))
         forward = [n for n in names if "forward_tc_kernel<" in n]
         assert len(forward) == 1, names
         # The kernel's last template argument is kCluster.
@@ -1246,6 +1247,102 @@ def test_cuda_peak_memory_at_most_the_loop_of_cells(size):
     ours = peak_bytes(run(lltm_sequence))
     loop = peak_bytes(run(loop_of_cells))
     assert ours <= loop, (ours, loop)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize(
+    "size,dtype",
+    [((256, 32, 256, 256), torch.float32), ((128, 128, 64, 256), torch.bfloat16), ((64, 256, 512, 512), torch.float16)],
+    ids=str,
+)
+def test_cuda_inference_peak_memory_at_most_the_loop_of_cells(size, dtype):
+    """A forward with no gradient to give (torch.no_grad) keeps nothing for a
+    backward: where the gates and cells of every step would take more than
+    16 MiB, at peak it allocates no more than the loop of lltm_op cells
+    collecting its outputs (the forward that keeps them all allocates about
+    2.5 times that)."""
+    need("cuda")
+    args = make_args(*size, dtype=dtype, device="cuda")
+    with torch.no_grad():
+        ours = peak_bytes(lltm_sequence, *args)
+        loop = peak_bytes(loop_of_cells, *args)
+    assert ours <= loop, (ours, loop)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("chunks", ["1", "4", "3", "100"])
+@pytest.mark.parametrize(
+    "T,B,F,S,lengths", [(9, 5, 4, 16, None), (13, 6, 3, 8, [13, 12, 9, 4, 4, 0]), (1, 2, 3, 8, None)], ids=str
+)
+def test_inference_matches_the_forward(device, dtype, chunks, T, B, F, S, lengths):
+    """sequence_inference (what a no-grad forward runs) gives sequence_forward's
+    outputs and final state, whole and packed, with the steps in chunks of
+    every length (LLTM_OP_SEQUENCE_INFERENCE_CHUNKS; 100: chunks of 2 steps)."""
+    need(device)
+    gen = torch.Generator().manual_seed(T * B + S)
+    args = make_args(T, B, F, S, dtype=dtype, device=device, generator=gen)
+    bs = None if lengths is None else batch_sizes_of(lengths, T)
+    if lengths is not None:
+        for r, n in enumerate(lengths):
+            args[0][n:, r] = 0
+    want = seq_forward(*args, False, bs)[:3]
+    with env(LLTM_OP_SEQUENCE_INFERENCE_CHUNKS=chunks):
+        got = torch.ops.lltm_op.sequence_inference(*args, False, bs)
+    tol = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 5e-3}[dtype]
+    for name, g, w in zip(("outputs", "h_n", "c_n"), got, want):
+        torch.testing.assert_close(g, w, rtol=tol, atol=tol, msg=name)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_no_grad_forward_runs_the_inference_op(device):
+    """lltm_sequence with no gradient to give (no_grad, inference_mode, or
+    no argument requiring grad) runs sequence_inference; with one it runs
+    sequence_forward."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    need(device)
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    args = make_args(5, 3, 4, 8, device=device)
+    for ctx, grad in ((torch.no_grad, True), (torch.inference_mode, True), (contextlib.nullcontext, False)):
+        inputs = [t.clone().requires_grad_(grad) for t in args]
+        with ctx(), Ops() as ops:
+            lltm_sequence(*inputs)
+        assert "lltm_op.sequence_inference.default" in ops.names, (ctx, ops.names)
+    with Ops() as ops:
+        lltm_sequence(*[t.clone().requires_grad_() for t in args])
+    assert "lltm_op.sequence_forward.default" in ops.names, ops.names
+    assert "lltm_op.sequence_inference.default" not in ops.names, ops.names
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_inference_op_refuses_a_gradient(device):
+    """Called directly on tensors that require grad, sequence_inference's
+    results cannot be differentiated: an error naming the op, never a
+    silently missing gradient."""
+    need(device)
+    args = [t.requires_grad_() for t in make_args(4, 2, 3, 8, device=device)]
+    outputs, h_n, c_n = torch.ops.lltm_op.sequence_inference(*args)
+    with pytest.raises(RuntimeError, match=r"lltm_op.sequence_inference: not differentiable"):
+        (outputs.sum() + h_n.sum()).backward()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_inference_opcheck(device):
+    need(device)
+    args = make_args(4, 3, 2, 8, dtype=torch.float64, device=device)
+    torch.library.opcheck(torch.ops.lltm_op.sequence_inference.default, (*args, False, None))
+    bs = batch_sizes_of([4, 3, 1], 4)
+    torch.library.opcheck(torch.ops.lltm_op.sequence_inference.default, (*args, False, bs))
 
 
 @pytest.mark.cuda

@@ -29,11 +29,13 @@ from . import ops as _ops  # loads the compiled library
 OP = "lltm_op.lltm_sequence"
 OP_FORWARD = "lltm_op.sequence_forward"
 OP_BACKWARD = "lltm_op.sequence_backward"
+OP_INFERENCE = "lltm_op.sequence_inference"
 
-_runtime.register_missing_cuda("lltm_op", ["sequence_forward", "sequence_backward"])
+_runtime.register_missing_cuda("lltm_op", ["sequence_forward", "sequence_backward", "sequence_inference"])
 
 _seq_forward = torch.ops.lltm_op.sequence_forward.default
 _seq_backward = torch.ops.lltm_op.sequence_backward.default
+_seq_inference = torch.ops.lltm_op.sequence_inference.default
 
 _FLOATING = _runtime.FLOATING_DTYPES
 _AUTOCAST_ELIGIBLE = (torch.float16, torch.bfloat16, torch.float32)
@@ -129,6 +131,13 @@ def _sequence_forward_fake(input, weights, bias, old_h, old_cell, allow_tf32=Fal
         input.new_empty((T, B, 3 * S)),
         input.new_empty((T, B, S)),
     )
+
+
+@torch.library.register_fake("lltm_op::sequence_inference")
+def _sequence_inference_fake(input, weights, bias, old_h, old_cell, allow_tf32=False, batch_sizes=None):
+    T, B, F, S = _check_forward(OP_INFERENCE, input, weights, bias, old_h, old_cell)
+    _check_batch_sizes(OP_INFERENCE, batch_sizes, T)
+    return input.new_empty((T, B, S)), input.new_empty((B, S)), input.new_empty((B, S))
 
 
 @torch.library.register_fake("lltm_op::sequence_backward")
@@ -446,6 +455,27 @@ def _vmap_by_loop(op, n_out: int):
 
 torch.library.register_vmap("lltm_op::sequence_forward", _vmap_by_loop(_seq_forward, 5))
 torch.library.register_vmap("lltm_op::sequence_backward", _vmap_by_loop(_seq_backward, 5))
+torch.library.register_vmap("lltm_op::sequence_inference", _vmap_by_loop(_seq_inference, 3))
+
+
+# sequence_inference keeps nothing a backward needs: asked for a gradient, it
+# is an error (never a silently missing one). lltm_sequence and LLTMSequence
+# call it only where no gradient can be asked for.
+def _inference_setup_context(ctx, inputs, output):
+    pass
+
+
+def _inference_backward(ctx, *grads):
+    raise RuntimeError(
+        f"{OP_INFERENCE}: not differentiable (it keeps nothing for a backward); call "
+        "lltm_op.lltm_sequence, or lltm_op::sequence_forward, where gradients are needed"
+    )
+
+
+torch.library.register_autograd(
+    "lltm_op::sequence_inference", _inference_backward, setup_context=_inference_setup_context
+)
+_seq_inference_below_autograd = _runtime.below_autograd_caller(_seq_inference)
 
 
 def _allow_tf32(input: Tensor) -> bool:
@@ -480,7 +510,9 @@ def _run(input, weights, bias, old_h, old_cell, batch_sizes=None):
         )
     ):
         return _fast_apply(input, weights, bias, old_h, old_cell, tf32, batch_sizes)
-    return _seq_forward_below_autograd(input, weights, bias, old_h, old_cell, tf32, batch_sizes)
+    # No gradient can be asked for: the forward that keeps nothing for one.
+    outputs, h_n, c_n = _seq_inference_below_autograd(input, weights, bias, old_h, old_cell, tf32, batch_sizes)
+    return outputs, h_n, c_n, None, None
 
 
 # -- the public function ---------------------------------------------------------------------
