@@ -411,16 +411,19 @@ struct ForwardResult {
 // Where those of every step (4S values a row and step) would take more than
 // kInferenceKeepBytes: an eighth of the steps, so that the run takes less
 // memory than a loop of cells collecting its outputs (outputs, then half
-// of that); below, all steps at once, as sequence_forward keeps them (a
-// chunk costs a product and a launch; at T64 eight chunks made the run up
-// to 18% slower, for a few MiB). At least 2 steps a chunk: a chunk's first
-// step reads the previous chunk's last cell state from the slot the chunk
-// writes last. LLTM_OP_SEQUENCE_INFERENCE_CHUNKS overrides the number.
+// of that), but never fewer than kInferenceChunkSteps (a chunk costs a
+// product and a launch, 5-20 us on an H200: at T64 B256 S512 eight chunks
+// of 8 steps made the run 26% slower); below the bytes, all steps at once
+// as sequence_forward keeps them. LLTM_OP_SEQUENCE_INFERENCE_CHUNKS
+// overrides the number of chunks (at least 2 steps a chunk: its first step
+// reads the previous chunk's last cell state from the slot it writes last).
 constexpr double kInferenceKeepBytes = 16.0 * (1 << 20);
+constexpr int64_t kInferenceChunkSteps = 32;
 inline int64_t inference_chunk_steps(const Dims& d, int64_t esize) {
   const double all = 4.0 * static_cast<double>(d.T) * d.B * d.S * esize;
   const int64_t chunks =
-      env_int("LLTM_OP_SEQUENCE_INFERENCE_CHUNKS", all > kInferenceKeepBytes ? 8 : 1);
+      env_int("LLTM_OP_SEQUENCE_INFERENCE_CHUNKS",
+              all > kInferenceKeepBytes ? std::min<int64_t>(8, d.T / kInferenceChunkSteps) : 1);
   if (chunks <= 1 || d.T < 4) return d.T;
   return std::max<int64_t>(2, (d.T + chunks - 1) / chunks);
 }
