@@ -1,6 +1,7 @@
 """The LLTM over whole sequences: ``lltm_sequence`` (what the ``LLTMSequence``
 module of rnn.py runs for each layer and direction), on the fused multi-step ops ``lltm_op::sequence_forward`` and
-``lltm_op::sequence_backward``.
+``lltm_op::sequence_backward``, and ``lltm_op::sequence_inference`` (the forward with nothing kept for a backward)
+where no gradient can be asked for.
 
 What runs (T steps, B batch rows, F input features, S state size):
 
