@@ -27,10 +27,11 @@ output and final states with respect to every parameter): two layers,
 bidirectional; and on a ``PackedSequence`` of variable lengths (uniform in
 [T/4, T], unsorted, packed once, the same for both) with one layer and with
 two layers, bidirectional. A packed row names its number of segments of
-constant batch size and also times LLTMSequence's other packed routes: one
-op call per segment, layer and direction ("segments"), and, on a device
-where it is not yet the default (CUDA), one op call per layer and direction
-with the op's batch_sizes ("one call").
+constant batch size and also times LLTMSequence's packed routes by name:
+one op call per layer and direction with the op's batch_sizes ("one call",
+the default), and one op call per segment, layer and direction
+("segments", the route under forward AD, torch.func, autocast and
+torch.compile).
 
 --quick: tiny sizes on the CPU, a smoke run.
 """

@@ -609,9 +609,8 @@ cudaLaunchConfig_t cluster_config(Kernel, const dim3& grid, size_t smem, cudaStr
 // (q, bm), where its column blocks make one cluster (at most 16, what sm_90
 // allows beyond the portable 8) and every cluster is resident at once. With
 // the same work a block, it only trades the counter barrier and the L2
-// reads of h for the cluster's; on an H200 that made float16 forwards at
-// S = 128 (B 8-256) and B256 S256 7-24% faster. A cluster shape of its own
-// (fewer, wider blocks) was slower wherever it differed.
+// reads of h for the cluster's. A cluster shape of its own (fewer, wider
+// blocks) was slower wherever it differed.
 template <typename T>
 TcPlan::Cluster compute_cluster_plan(int64_t B, int64_t S, int q, int64_t bm, int device,
                                      int optin) {
@@ -831,9 +830,10 @@ struct CudaDev {
            a.B * a.S * static_cast<int64_t>(like.element_size()));
       h0 = h0_copy->const_data_ptr();
     }
-    // LLTM_OP_SEQUENCE_CLUSTERS=0: the global-barrier kernel where the
-    // cluster variant would run.
-    if (p.cluster.ok && env_int("LLTM_OP_SEQUENCE_CLUSTERS", 1) != 0) {
+    // The cluster variant where LLTM_OP_SEQUENCE_CLUSTERS=1 asks for it
+    // (opt-in: on an H200 it was 5-8% faster at T1024 S128 B8-64 but its
+    // forward 15-30% slower at T64, the rest within noise).
+    if (p.cluster.ok && env_int("LLTM_OP_SEQUENCE_CLUSTERS", 0) != 0) {
       const TcPlan::Cluster& c = p.cluster;
       opscommon::dispatch_floating(like.scalar_type(), kSeqForward, [&](auto tag) {
         using T = decltype(tag);

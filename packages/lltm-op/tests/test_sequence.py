@@ -850,11 +850,11 @@ PATHS = {
         "LLTM_OP_SEQUENCE_TENSOR_CORES": "0",
     },
     # float16 / bfloat16 with S a multiple of 8 on sm_80+: the tensor-core
-    # persistent kernels (on sm_90 the forward's cluster variant where its
-    # clusters fit); other dtypes and sizes take the default path.
+    # persistent kernels; other dtypes and sizes take the default path.
     "tensor_cores": {"LLTM_OP_SEQUENCE_TENSOR_CORES": "1"},
-    # The same with the forward's global-barrier kernel everywhere.
-    "tc_global": {"LLTM_OP_SEQUENCE_TENSOR_CORES": "1", "LLTM_OP_SEQUENCE_CLUSTERS": "0"},
+    # The same with the forward's cluster variant (opt-in) where its
+    # clusters fit (sm_90).
+    "tc_clusters": {"LLTM_OP_SEQUENCE_TENSOR_CORES": "1", "LLTM_OP_SEQUENCE_CLUSTERS": "1"},
 }
 
 
@@ -993,7 +993,7 @@ def test_cuda_paths_run_packed_rows(path, dtype, T, B, F, S):
         names = _cuda_kernel_names(run)
     torch.autograd.backward(ref, grads)
     tc = torch.cuda.get_device_capability()[0] >= 8 and S % 8 == 0
-    tc_path = path in ("tensor_cores", "tc_global")
+    tc_path = path in ("tensor_cores", "tc_clusters")
     if path == "persistent" or (tc_path and dtype != torch.float64 and tc):
         # One launch for the forward, one per backward chunk: no step kernels.
         kind = "tc_kernel" if tc_path and dtype != torch.float32 else "persistent_kernel"
@@ -1018,10 +1018,11 @@ def test_cuda_paths_run_packed_rows(path, dtype, T, B, F, S):
 @pytest.mark.parametrize("T,B,F,S", [(7, 8, 8, 64), (5, 40, 8, 128), (3, 3, 4, 8)], ids=str)
 @pytest.mark.parametrize("packed", [False, True], ids=["whole", "packed"])
 def test_cuda_forward_cluster_variant_matches_the_global_barrier_kernel(dtype, T, B, F, S, packed):
-    """On sm_90 the tensor-core forward runs as one thread-block cluster per
-    batch block (h exchanged in distributed shared memory) where its column
-    blocks fit one cluster: same block shape and arithmetic as the
-    global-barrier kernel, so the same bits."""
+    """On sm_90, asked for (LLTM_OP_SEQUENCE_CLUSTERS=1), the tensor-core
+    forward runs as one thread-block cluster per batch block (h exchanged in
+    distributed shared memory) where its column blocks fit one cluster: same
+    block shape and arithmetic as the global-barrier kernel, so the same
+    bits."""
     need("cuda")
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("thread-block clusters need sm_90 or newer")

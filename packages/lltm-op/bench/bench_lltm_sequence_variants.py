@@ -1,0 +1,153 @@
+"""lltm_sequence's engine variants against each other and nn.LSTM, each
+variant switched by its environment variable in one process:
+
+* inference: a ``no_grad`` forward (``lltm_op::sequence_inference``) with the
+  op's chunk rule against all steps at once
+  (``LLTM_OP_SEQUENCE_INFERENCE_CHUNKS=1``), nn.LSTM's no_grad forward, and
+  the peak memory of each against a loop of ``lltm_op.lltm`` cells that
+  collects its outputs;
+* clusters (CUDA, sm_90): the tensor-core forward as thread-block clusters
+  (``LLTM_OP_SEQUENCE_CLUSTERS=1``, opt-in) against the global-barrier
+  kernel (``=0``, the default), forward alone and forward+backward, with
+  nn.LSTM, and whether their outputs are bitwise equal.
+
+    python bench/bench_lltm_sequence_variants.py [--table inference|clusters] [--repeat N] [--quick]
+
+F = S throughout. Synchronized wall time per call, median, the variants of a
+size timed in alternating rounds. float32: ours full float32, nn.LSTM at
+torch's defaults (cuDNN TF32). --quick: tiny sizes on the CPU (inference
+table only), a smoke run.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from bench_lltm_sequence import loop_of, peak_mib, with_flags  # this folder: run as python bench/<script>.py
+from lltm_op import lltm, lltm_sequence
+from opscommon.bench import interleaved_wall_times_us
+
+INFERENCE_SIZES = [(64, 8, 128), (64, 64, 256), (64, 256, 512), (256, 64, 512), (1024, 8, 128), (1024, 64, 256)]
+INFERENCE_SIZES += [(1024, 256, 512)]
+CLUSTER_SIZES = [(T, B, S) for T in (1024, 64) for B in (8, 64, 256) for S in (128, 256, 512)]
+QUICK_SIZES = [(8, 4, 16), (40, 2, 8)]
+
+
+def make(T, B, S, dtype, device, grad=False):
+    gen = torch.Generator().manual_seed(T + B + S)
+    x = torch.randn(T, B, S, generator=gen)
+    w = torch.randn(3 * S, 2 * S, generator=gen) / S**0.5
+    b = torch.randn(3 * S, generator=gen) / S**0.5
+    h, c = torch.randn(B, S, generator=gen), torch.randn(B, S, generator=gen)
+    return [t.to(device, dtype).requires_grad_(grad) for t in (x, w, b, h, c)]
+
+
+def lstm_of(S, dtype, device):
+    lstm = torch.nn.LSTM(S, S).to(device, dtype)
+    lstm.flatten_parameters()
+    return lstm
+
+
+def inference_table(device, sizes, dtypes, repeat):
+    print(
+        "| T B S dtype | default | all steps at once | nn.LSTM | ratio | "
+        "peak MiB: default | all at once | loop of cells |"
+    )
+    print("|---|---|---|---|---|---|---|---|", flush=True)
+    for T, B, S in sizes:
+        for dtype in dtypes:
+            args = make(T, B, S, dtype, device)
+            lstm = lstm_of(S, dtype, device)
+            state = (args[3][None], args[4][None])
+
+            def ours():
+                return lltm_sequence(*args)
+
+            fns = {
+                "default": ours,
+                "one": with_flags(ours, inference_chunks="1"),
+                "lstm": lambda lstm=lstm, x=args[0], state=state: lstm(x, state),
+            }
+            with torch.no_grad():
+                ms = {k: v / 1e3 for k, v in interleaved_wall_times_us(fns, warmup=3, repeat=repeat).items()}
+                mib = {k: peak_mib(fns[k], device) for k in ("default", "one")}
+                mib["loop"] = peak_mib(lambda args=args: loop_of(lltm)(*args), device)
+            peaks = " | ".join("n/a" if v is None else f"{v:.1f}" for v in mib.values())
+            print(
+                f"| T{T} B{B} S{S} {str(dtype)[6:]} | {ms['default']:.3f} ms | {ms['one']:.3f} ms | "
+                f"{ms['lstm']:.3f} ms | {ms['default'] / ms['lstm']:.2f}x | {peaks} |",
+                flush=True,
+            )
+
+
+def cluster_table(sizes, dtypes, repeat):
+    print(
+        "| T B S dtype | fwd clusters | fwd global | nn.LSTM fwd | fwd ratio | "
+        "f+b clusters | f+b global | nn.LSTM f+b | f+b ratio | same bits |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|", flush=True)
+    for T, B, S in sizes:
+        for dtype in dtypes:
+            args = make(T, B, S, dtype, "cuda", grad=True)
+            lstm = lstm_of(S, dtype, "cuda")
+            state = [t.detach()[None].requires_grad_() for t in args[3:]]
+            lstm_args = [args[0], *state, *lstm.parameters()]
+
+            def fwd():
+                with torch.no_grad():
+                    return lltm_sequence(*args)
+
+            def fwd_bwd():
+                out, (h_n, c_n) = lltm_sequence(*args)
+                return torch.autograd.grad(out.float().sum() + h_n.float().sum(), args)
+
+            def lstm_fwd(lstm=lstm, state=state):
+                with torch.no_grad():
+                    return lstm(args[0], tuple(state))
+
+            def lstm_fwd_bwd(lstm=lstm, state=state, lstm_args=lstm_args):
+                out, (h_n, c_n) = lstm(args[0], tuple(state))
+                return torch.autograd.grad(out.float().sum() + h_n.float().sum(), lstm_args)
+
+            fns = {
+                "fwd clusters": with_flags(fwd, clusters="1"),
+                "fwd global": with_flags(fwd, clusters="0"),
+                "lstm fwd": lstm_fwd,
+                "f+b clusters": with_flags(fwd_bwd, clusters="1"),
+                "f+b global": with_flags(fwd_bwd, clusters="0"),
+                "lstm f+b": lstm_fwd_bwd,
+            }
+            ms = {k: v / 1e3 for k, v in interleaved_wall_times_us(fns, warmup=3, repeat=repeat).items()}
+            same = torch.equal(fns["fwd clusters"]()[0], fns["fwd global"]()[0])
+            print(
+                f"| T{T} B{B} S{S} {str(dtype)[6:]} | {ms['fwd clusters']:.3f} | {ms['fwd global']:.3f} | "
+                f"{ms['lstm fwd']:.3f} | {ms['fwd clusters'] / ms['lstm fwd']:.2f}x | {ms['f+b clusters']:.3f} | "
+                f"{ms['f+b global']:.3f} | {ms['lstm f+b']:.3f} | {ms['f+b clusters'] / ms['lstm f+b']:.2f}x | "
+                f"{'yes' if same else 'no'} |",
+                flush=True,
+            )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--table", choices=["inference", "clusters"], default=None, help="one table (default: both)")
+    parser.add_argument("--repeat", type=int, default=15, help="timed rounds per size")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes on the CPU (smoke run)")
+    args = parser.parse_args()
+    device = "cuda" if torch.cuda.is_available() and not args.quick else "cpu"
+    name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    print(f"device: {name}; torch {torch.__version__}", flush=True)
+    if args.table in (None, "inference"):
+        sizes = QUICK_SIZES if device == "cpu" else INFERENCE_SIZES
+        dtypes = [torch.float32] if device == "cpu" else [torch.bfloat16, torch.float16, torch.float32]
+        inference_table(device, sizes, dtypes, args.repeat)
+    if args.table in (None, "clusters"):
+        if device != "cuda" or torch.cuda.get_device_capability()[0] < 9:
+            print("clusters: needs a CUDA device of sm_90 or newer (skipped)")
+        else:
+            cluster_table(CLUSTER_SIZES, [torch.float16, torch.bfloat16], args.repeat)
+
+
+if __name__ == "__main__":
+    main()
