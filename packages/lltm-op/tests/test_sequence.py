@@ -972,17 +972,9 @@ def test_cuda_paths_run_packed_rows(path, dtype, T, B, F, S):
     if path == "tf32" and dtype != torch.float32:
         pytest.skip("TF32 is float32's")
     gen = torch.Generator().manual_seed(T * B + S)
-    lengths = sorted(torch.randint(0, T + 1, (B,), generator=gen).tolist(), reverse=True)
-    lengths[0] = T
+    lengths = random_lengths(T, B, gen)
     args = make_args(T, B, F, S, dtype=dtype, device="cuda", generator=gen)
-    for r, n in enumerate(lengths):
-        args[0][n:, r] = 0
-    args = [t.requires_grad_() for t in args]
-    ref_args = [t.detach().double().cpu().requires_grad_() for t in args]
-    ref = packed_reference(ref_args, lengths)
-    grads = [torch.randn(r.shape, dtype=torch.float64, generator=gen) for r in ref]
-    for r, n in enumerate(lengths):
-        grads[0][n:, r] = 0
+    args, ref_args, ref, grads = packed_case(args, lengths, gen)
     out = []
 
     def run():
@@ -991,7 +983,6 @@ def test_cuda_paths_run_packed_rows(path, dtype, T, B, F, S):
 
     with env(**PACKED_PATHS[path], LLTM_OP_SEQUENCE_CHUNKS=2), tf32_matmul(path == "tf32"):
         names = _cuda_kernel_names(run)
-    torch.autograd.backward(ref, grads)
     tc = torch.cuda.get_device_capability()[0] >= 8 and S % 8 == 0
     tc_path = path in ("tensor_cores", "tc_clusters")
     if path == "persistent" or (tc_path and dtype != torch.float64 and tc):
@@ -1005,12 +996,7 @@ def test_cuda_paths_run_packed_rows(path, dtype, T, B, F, S):
     limit = {torch.float64: 1e-12, torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 3e-2}[dtype]
     if path == "tf32":
         limit = 5e-3
-    for name, o, r in zip(("outputs", "h_n", "c_n"), out, ref):
-        assert rel_err(o.detach().cpu(), r) <= limit, name
-    for r, n in enumerate(lengths):
-        assert not out[0][n:, r].any(), "outputs past a row's end are zero"
-    for name, a, r in zip(("input", "weights", "bias", "old_h", "old_cell"), args, ref_args):
-        assert rel_err(a.grad.cpu(), r.grad) <= limit, f"grad of {name}"
+    assert_packed_run_matches(out, args, ref, ref_args, grads, lengths, limit)
 
 
 @pytest.mark.cuda
@@ -1030,9 +1016,7 @@ def test_cuda_forward_cluster_variant_matches_the_global_barrier_kernel(dtype, T
     args = make_args(T, B, F, S, dtype=dtype, device="cuda", generator=gen)
     bs = None
     if packed:
-        lengths = sorted(torch.randint(0, T + 1, (B,), generator=gen).tolist(), reverse=True)
-        lengths[0] = T
-        bs = batch_sizes_of(lengths, T)
+        bs = batch_sizes_of(random_lengths(T, B, gen), T)
     runs = {}
     for clusters in ("1", "0"):
         with env(LLTM_OP_SEQUENCE_TENSOR_CORES="1", LLTM_OP_SEQUENCE_CLUSTERS=clusters), tf32_matmul(True):
@@ -1390,6 +1374,42 @@ def batch_sizes_of(lengths, T):
     return torch.tensor([sum(n > t for n in lengths) for t in range(T)], dtype=torch.int64)
 
 
+def random_lengths(T, B, gen):
+    """B sequence lengths in [0, T], sorted longest first (as a
+    PackedSequence holds them), the longest T."""
+    lengths = sorted(torch.randint(0, T + 1, (B,), generator=gen).tolist(), reverse=True)
+    lengths[0] = T
+    return lengths
+
+
+def packed_case(args, lengths, gen):
+    """A packed run's arguments (input zero past each row's length, as
+    LLTMSequence pads), requiring grad; their float64 CPU copies; the
+    results of rows run alone on those; random incoming gradients (zero on
+    the padding of outputs, which nothing reads)."""
+    for r, n in enumerate(lengths):
+        args[0][n:, r] = 0
+    args = [t.requires_grad_() for t in args]
+    ref_args = [t.detach().double().cpu().requires_grad_() for t in args]
+    ref = packed_reference(ref_args, lengths)
+    grads = [torch.randn(r.shape, dtype=torch.float64, generator=gen) for r in ref]
+    for r, n in enumerate(lengths):
+        grads[0][n:, r] = 0
+    return args, ref_args, ref, grads
+
+
+def assert_packed_run_matches(out, args, ref, ref_args, grads, lengths, limit):
+    """out (backward already run on it) against the rows run alone: values,
+    zeros past each row's end, and every argument's gradient."""
+    torch.autograd.backward(ref, grads)
+    for name, o, r in zip(("outputs", "h_n", "c_n"), out, ref):
+        assert rel_err(o.detach().cpu(), r) <= limit, name
+    for r, n in enumerate(lengths):
+        assert not out[0][n:, r].any(), "outputs past a row's end are zero"
+    for name, a, r in zip(("input", "weights", "bias", "old_h", "old_cell"), args, ref_args):
+        assert rel_err(a.grad.cpu(), r.grad) <= limit, f"grad of {name}"
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize(
@@ -1406,24 +1426,11 @@ def test_batch_sizes_run_each_row_for_its_own_length(device, dtype, lengths, F, 
     T, B = max(lengths), len(lengths)
     gen = torch.Generator().manual_seed(T * 7 + B + S)
     args = make_args(T, B, F, S, dtype=dtype, device=device, generator=gen)
-    for r, n in enumerate(lengths):
-        args[0][n:, r] = 0  # padding, as LLTMSequence pads
-    args = [t.requires_grad_() for t in args]
-    ref_args = [t.detach().double().cpu().requires_grad_() for t in args]
+    args, ref_args, ref, grads = packed_case(args, lengths, gen)
     out = run_op(*args, batch_sizes_of(lengths, T))[:3]
-    ref = packed_reference(ref_args, lengths)
-    grads = [torch.randn(r.shape, dtype=torch.float64, generator=gen) for r in ref]
-    for r, n in enumerate(lengths):
-        grads[0][n:, r] = 0  # nothing reads the padding of outputs
     torch.autograd.backward(out, [g.to(device, dtype) for g in grads])
-    torch.autograd.backward(ref, grads)
     limit = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 3e-2}[dtype]
-    for name, o, r in zip(("outputs", "h_n", "c_n"), out, ref):
-        assert rel_err(o.detach().cpu(), r) <= limit, name
-    for r, n in enumerate(lengths):
-        assert not out[0][n:, r].any(), "outputs past a row's end are zero"
-    for name, a, r in zip(("input", "weights", "bias", "old_h", "old_cell"), args, ref_args):
-        assert rel_err(a.grad.cpu(), r.grad) <= limit, f"grad of {name}"
+    assert_packed_run_matches(out, args, ref, ref_args, grads, lengths, limit)
 
 
 @pytest.mark.parametrize("device", DEVICES)
