@@ -1314,12 +1314,51 @@ def test_no_grad_forward_runs_the_inference_op(device):
 def test_inference_op_refuses_a_gradient(device):
     """Called directly on tensors that require grad, sequence_inference's
     results cannot be differentiated: an error naming the op, never a
-    silently missing gradient."""
+    silently missing gradient or tangent (backward, forward AD, torch.func's
+    jvp and grad)."""
+    import torch.autograd.forward_ad as fwAD
+
     need(device)
+    op = torch.ops.lltm_op.sequence_inference
+    message = r"lltm_op.sequence_inference: not differentiable"
     args = [t.requires_grad_() for t in make_args(4, 2, 3, 8, device=device)]
-    outputs, h_n, c_n = torch.ops.lltm_op.sequence_inference(*args)
-    with pytest.raises(RuntimeError, match=r"lltm_op.sequence_inference: not differentiable"):
+    outputs, h_n, c_n = op(*args)
+    with pytest.raises(RuntimeError, match=message):
         (outputs.sum() + h_n.sum()).backward()
+    plain = [t.detach() for t in args]
+    with fwAD.dual_level(), pytest.raises(RuntimeError, match=message):
+        op(fwAD.make_dual(plain[0], torch.randn_like(plain[0])), *plain[1:])
+    with pytest.raises(RuntimeError, match=message):
+        torch.func.jvp(lambda x: op(x, *plain[1:])[0], (plain[0],), (torch.randn_like(plain[0]),))
+    with pytest.raises(RuntimeError, match=message):
+        torch.func.grad(lambda x: op(x, *plain[1:])[0].sum())(plain[0])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_inference_op_names_a_bad_argument(device):
+    """Bad input to sequence_inference is an error naming the op and the
+    argument, as sequence_forward's."""
+    need(device)
+    x, w, b, h, c = make_args(4, 2, 3, 8, device=device)
+    op = torch.ops.lltm_op.sequence_inference
+    with pytest.raises(RuntimeError, match=r"lltm_op.sequence_inference: .*'weights'"):
+        op(x, w.double(), b, h, c)
+    with pytest.raises(RuntimeError, match=r"lltm_op.sequence_inference: .*'bias'"):
+        op(x, w, b[:-1], h, c)
+    with pytest.raises(RuntimeError, match=r"lltm_op.sequence_inference: argument 'batch_sizes' must hold"):
+        op(x, w, b, h, c, False, torch.tensor([2, 3, 1, 0]))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_inference_op_under_vmap(device):
+    """torch.func.vmap over sequence_inference: each sample's own run."""
+    need(device)
+    args = [torch.stack(s) for s in zip(*(make_args(4, 2, 3, 8, device=device) for _ in range(3)))]
+    got = torch.func.vmap(torch.ops.lltm_op.sequence_inference.default)(*args)
+    for k in range(3):
+        want = torch.ops.lltm_op.sequence_inference(*(a[k] for a in args))
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g[k], w)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -459,24 +459,36 @@ torch.library.register_vmap("lltm_op::sequence_backward", _vmap_by_loop(_seq_bac
 torch.library.register_vmap("lltm_op::sequence_inference", _vmap_by_loop(_seq_inference, 3))
 
 
-# sequence_inference keeps nothing a backward needs: asked for a gradient, it
-# is an error (never a silently missing one). lltm_sequence and LLTMSequence
-# call it only where no gradient can be asked for.
-def _inference_setup_context(ctx, inputs, output):
-    pass
+_seq_inference_below_autograd = _runtime.below_autograd_caller(_seq_inference)
 
 
-def _inference_backward(ctx, *grads):
-    raise RuntimeError(
+def _not_differentiable() -> RuntimeError:
+    return RuntimeError(
         f"{OP_INFERENCE}: not differentiable (it keeps nothing for a backward); call "
         "lltm_op.lltm_sequence, or lltm_op::sequence_forward, where gradients are needed"
     )
 
 
-torch.library.register_autograd(
-    "lltm_op::sequence_inference", _inference_backward, setup_context=_inference_setup_context
-)
-_seq_inference_below_autograd = _runtime.below_autograd_caller(_seq_inference)
+class _InferenceFunction(torch.autograd.Function):
+    """The autograd of lltm_op::sequence_inference: none. It keeps nothing
+    a derivative needs, so a gradient (backward) or a tangent (forward AD,
+    torch.func.jvp) asked of it is an error, never a silently missing one.
+    lltm_sequence and LLTMSequence call it only where none can be asked."""
+
+    @staticmethod
+    def forward(ctx, input, weights, bias, old_h, old_cell, allow_tf32=False, batch_sizes=None):
+        return _seq_inference_below_autograd(input, weights, bias, old_h, old_cell, allow_tf32, batch_sizes)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise _not_differentiable()
+
+    @staticmethod
+    def jvp(ctx, *tangents):
+        raise _not_differentiable()
+
+
+_runtime.register_autograd("lltm_op::sequence_inference", _InferenceFunction)
 
 
 def _allow_tf32(input: Tensor) -> bool:
