@@ -3,7 +3,7 @@ engine's scoreboard.
 
     python bench/bench_lltm_sequence_grid.py [--out DIR] [--quick] [--repeat N]
         [--T 64,256,1024] [--B 8,64,256] [--S 128,256,512,1024] [--dtypes bf16,f16,f32]
-        [--f32-precision TF32,full]
+        [--f32-precision TF32,full] [--global-column]
 
 For every (T, B, S = F, dtype) of the grid: forward+backward of a whole
 sequence (gradients of every output with respect to every input) and the
@@ -14,7 +14,10 @@ median, each variant timed in alternating rounds in one process:
   kernels where they apply, see the README's rule);
 * ``lltm_sequence, cuBLAS path``: one cuBLAS product and one cell kernel a
   step (``LLTM_OP_SEQUENCE_FUSED=0``), the fallback;
-* ``nn.LSTM``: cuDNN, one layer, same T, B, input and hidden size.
+* ``nn.LSTM``: cuDNN, one layer, same T, B, input and hidden size;
+* with ``--global-column``, ``lltm_sequence, global barrier``: the
+  tensor-core kernels without the block-local variant
+  (``LLTM_OP_SEQUENCE_LOCAL=0``), to compare the two where the local one runs.
 
 The LLTM has three gates to the LSTM's four: at equal efficiency it takes
 0.75x nn.LSTM's time, the target ratio. float32 is compared at one
@@ -42,6 +45,7 @@ from opscommon.bench import interleaved_wall_times_us
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 OURS = "lltm_sequence"
 CUBLAS = "lltm_sequence, cuBLAS path"
+GLOBAL = "lltm_sequence, global barrier"
 LSTM = "nn.LSTM"
 
 
@@ -68,7 +72,7 @@ def make_inputs(T, B, S, dtype, device, seed=0):
     return args, lstm, hx, grads
 
 
-def variants(args, lstm, hx, grads):
+def variants(args, lstm, hx, grads, global_column=False):
     x = args[0]
 
     def ours_train():
@@ -87,7 +91,7 @@ def variants(args, lstm, hx, grads):
         with torch.no_grad():
             lstm(x, hx)
 
-    return {
+    groups = {
         "forward+backward": {
             OURS: ours_train,
             CUBLAS: with_flags(ours_train, fused="0"),
@@ -99,6 +103,10 @@ def variants(args, lstm, hx, grads):
             LSTM: lstm_infer,
         },
     }
+    if global_column:
+        groups["forward+backward"][GLOBAL] = with_flags(ours_train, local="0")
+        groups["forward"][GLOBAL] = with_flags(ours_infer, local="0")
+    return groups
 
 
 def main() -> None:
@@ -115,6 +123,7 @@ def main() -> None:
         default="TF32,full",
         help="float32's comparisons: TF32 for both, full float32 for both (default: both ways)",
     )
+    p.add_argument("--global-column", action="store_true", help="also time the global-barrier kernels")
     a = p.parse_args()
     device = "cpu" if a.quick or not torch.cuda.is_available() else "cuda"
     if a.quick:
@@ -127,7 +136,7 @@ def main() -> None:
     rows = []
     header = (
         f"{'T':>5} {'B':>4} {'S':>5} {'dtype':>9} {'mode':>16} {'ours ms':>8} {'cuBLAS':>8} "
-        f"{'LSTM ms':>8} {'ratio':>6} {'TFLOP/s':>7}"
+        f"{'LSTM ms':>8} {'ratio':>6} {'TFLOP/s':>7}" + (f" {'global':>8}" if a.global_column else "")
     )
     print(f"device: {torch.cuda.get_device_name() if device == 'cuda' else 'cpu'}, torch {torch.__version__}")
     print(header)
@@ -139,7 +148,7 @@ def main() -> None:
                 torch.backends.cudnn.allow_tf32 = tf32
             try:
                 args, lstm, hx, grads = make_inputs(T, B, S, dtype, device)
-                fns = variants(args, lstm, hx, grads)
+                fns = variants(args, lstm, hx, grads, a.global_column)
                 for mode, group in fns.items():
                     times = interleaved_wall_times_us(group, warmup=2, repeat=a.repeat)
                     flops = 2 * T * B * S * 3 * S * (3 if mode == "forward+backward" else 1)
@@ -159,10 +168,13 @@ def main() -> None:
                         "ratio_vs_lstm": ratio,
                         "recurrent_tflops": tflops,
                     }
+                    if GLOBAL in times:
+                        row["global_ms"] = times[GLOBAL] / 1e3
                     rows.append(row)
                     print(
                         f"{T:>5} {B:>4} {S:>5} {dlabel:>9} {mode:>16} {row['ours_ms']:>8.3f} "
-                        f"{row['cublas_ms']:>8.3f} {row['lstm_ms']:>8.3f} {ratio:>6.2f} {tflops:>7.1f}",
+                        f"{row['cublas_ms']:>8.3f} {row['lstm_ms']:>8.3f} {ratio:>6.2f} {tflops:>7.1f}"
+                        + (f" {row['global_ms']:>8.3f}" if "global_ms" in row else ""),
                         flush=True,
                     )
                 del args, lstm, hx, grads, fns
@@ -180,15 +192,18 @@ def main() -> None:
             f"device: {device_name}, torch {torch.__version__}; command: python bench/bench_lltm_sequence_grid.py "
             + ("--quick" if a.quick else f"--T {a.T} --B {a.B} --S {a.S} --dtypes {a.dtypes}")
             + (f" --f32-precision {a.f32_precision}" if "f32" in a.dtypes and not a.quick else "")
-            + f" --repeat {a.repeat}",
+            + f" --repeat {a.repeat}"
+            + (" --global-column" if a.global_column else ""),
             "",
-            "| T | B | S = F | dtype | mode | lltm_sequence ms | cuBLAS path ms | nn.LSTM ms | ratio | TFLOP/s |",
+            "| T | B | S = F | dtype | mode | lltm_sequence ms | cuBLAS path ms | nn.LSTM ms | ratio | TFLOP/s |"
+            + (" global barrier ms |" if a.global_column else ""),
         ]
-        md.append("|---|---|---|---|---|---|---|---|---|---|")
+        md.append("|---|---|---|---|---|---|---|---|---|---|" + ("---|" if a.global_column else ""))
         for r in rows:
             md.append(
                 f"| {r['T']} | {r['B']} | {r['S']} | {r['dtype']} | {r['mode']} | {r['ours_ms']:.3f} | "
                 f"{r['cublas_ms']:.3f} | {r['lstm_ms']:.3f} | {r['ratio_vs_lstm']:.2f} | {r['recurrent_tflops']:.1f} |"
+                + (f" {r['global_ms']:.3f} |" if "global_ms" in r else "")
             )
         (out / "lltm_sequence_grid.md").write_text("\n".join(md) + "\n")
         plot(rows, out / "lltm_sequence_grid.png")

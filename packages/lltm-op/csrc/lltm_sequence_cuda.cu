@@ -522,6 +522,7 @@ __global__ void __launch_bounds__(32 * kWarps)
 }
 
 #include "lltm_sequence_tc.cuh"
+#include "lltm_sequence_tc_local.cuh"
 
 // -- small helpers -------------------------------------------------------------------------
 
@@ -572,6 +573,9 @@ unsigned int grid_dim(int64_t v, const char* what) {
 // the two kernels').
 struct TcPlan {
   bool ok = false;
+  // The block-local kernels (lltm_sequence_tc_local.cuh): blocks of 16 rows
+  // and every column, grid (1, ceil(B / 16)).
+  bool local = false;
   int q = 0;
   int64_t bm = 0;
   dim3 grid;
@@ -654,12 +658,12 @@ void with_q(int q, F&& f) {
 // Blocks of `kernel` resident per multiprocessor with `smem` bytes each
 // (after allowing it the device's opt-in shared memory).
 template <typename Kernel>
-int resident_blocks(Kernel kernel, size_t smem, int smem_optin) {
+int resident_blocks(Kernel kernel, size_t smem, int smem_optin, int threads = tc::kTcThreads) {
   OPSCOMMON_CUDA_CHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
   int per_sm = 0;
   OPSCOMMON_CUDA_CHECK(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, tc::kTcThreads, smem));
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
   return per_sm;
 }
 
@@ -682,8 +686,39 @@ int resident_blocks(Kernel kernel, size_t smem, int smem_optin) {
 // (3.5 vs 5.1, 3.6 vs 7.5, 3.8 vs 5.0 ms).
 constexpr int64_t kTcMaxStateReread = int64_t(32) << 20;
 
+// The block-local kernels (sm_80+) up to tc::kLocalMaxS, where the whole
+// recurrent matrix fits in one block's shared memory (forward: W_h^T and
+// two state buffers; backward: W_h and two dG buffers) and the ceil(B / 16)
+// blocks fit in one wave. No block waits for another: a step costs a
+// __syncthreads instead of a round trip through L2 and a grid-wide barrier.
 template <typename T>
-TcPlan compute_tc_plan(const Dims& d, int device) {
+TcPlan compute_local_plan(const Dims& d, int sms, int optin) {
+  TcPlan plan;
+  constexpr int Q = tc::kLocalQ;
+  if (d.S > tc::kLocalMaxS<T>) return plan;
+  const size_t sf = tc::local_forward_smem<T>(d.S, Q), sb = tc::local_backward_smem<T>(d.S, Q);
+  if (sf > static_cast<size_t>(optin) || sb > static_cast<size_t>(optin)) return plan;
+  const int64_t gy = (d.B + tc::kLocalRows - 1) / tc::kLocalRows;
+  // The kernels' element offsets within a step are int32 (see tc::Places).
+  if (gy > 65535 || d.B * 3 * d.S >= (int64_t(1) << 31)) return plan;
+  constexpr int n = tc::kLocalThreads;
+  const int per_sm =
+      std::min({resident_blocks(tc::forward_tc_local_kernel<T, Q, false>, sf, optin, n),
+                resident_blocks(tc::backward_tc_local_kernel<T, Q, false>, sb, optin, n),
+                resident_blocks(tc::forward_tc_local_kernel<T, Q, true>, sf, optin, n),
+                resident_blocks(tc::backward_tc_local_kernel<T, Q, true>, sb, optin, n)});
+  if (gy > static_cast<int64_t>(per_sm) * sms) return plan;
+  plan.ok = plan.local = true;
+  plan.q = Q;
+  plan.bm = tc::kLocalRows;
+  plan.grid = dim3(1, static_cast<unsigned int>(gy));
+  plan.smem_forward = sf;
+  plan.smem_backward = sb;
+  return plan;
+}
+
+template <typename T>
+TcPlan compute_tc_plan(const Dims& d, int device, bool local) {
   TcPlan best;
   if (d.S % 8 != 0 || d.S == 0 || d.B == 0 || d.S > (int64_t(1) << 16) ||
       d.B > (int64_t(1) << 24)) {
@@ -692,6 +727,9 @@ TcPlan compute_tc_plan(const Dims& d, int device) {
   if (opscommon::compute_capability_major(device) < 8) return best;
   const int sms = opscommon::multiprocessor_count(device);
   const int optin = opscommon::device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(device);
+  if (local) {
+    if (TcPlan p = compute_local_plan<T>(d, sms, optin); p.ok) return p;
+  }
   int64_t best_blocks = 0;
   for (int q : {1, 2, 4}) {
     const int64_t gx = (d.S + 8 * q - 1) / (8 * q);
@@ -739,18 +777,23 @@ TcPlan tc_plan(const Tensor& like, const Dims& d) {
     return {};
   }
   const int device = like.get_device();
+  // LLTM_OP_SEQUENCE_LOCAL=0: the global-barrier kernels where the
+  // block-local ones would run.
+  const bool local = env_int("LLTM_OP_SEQUENCE_LOCAL", 1) != 0;
   struct Key {
     int device;
     ST st;
     int64_t B, S;
+    bool local;
   };
   thread_local std::optional<Key> key;
   thread_local TcPlan plan;
-  if (!key || key->device != device || key->st != st || key->B != d.B || key->S != d.S) {
-    plan = st == ST::Half       ? compute_tc_plan<opscommon::Half>(d, device)
-           : st == ST::BFloat16 ? compute_tc_plan<opscommon::BFloat16>(d, device)
-                                : compute_tc_plan<float>(d, device);
-    key = Key{device, st, d.B, d.S};
+  if (!key || key->device != device || key->st != st || key->B != d.B || key->S != d.S ||
+      key->local != local) {
+    plan = st == ST::Half       ? compute_tc_plan<opscommon::Half>(d, device, local)
+           : st == ST::BFloat16 ? compute_tc_plan<opscommon::BFloat16>(d, device, local)
+                                : compute_tc_plan<float>(d, device, local);
+    key = Key{device, st, d.B, d.S, local};
   }
   return plan;
 }
@@ -813,7 +856,58 @@ struct CudaDev {
                 grid_dim(fused_block_rows(B), "the batch"));
   }
 
+  static bool forward_steps_local(const Tensor& like, const ForwardSteps& a, const TcPlan& p) {
+    const int device = like.get_device();
+    const cudaStream_t stream = opscommon::current_stream(device);
+    const int optin = opscommon::device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(device);
+    const std::optional<Tensor> bs = device_sizes(like, kSeqForward, a.batch_sizes, a.T);
+    const ForwardStep& f = a.first;
+    opscommon::dispatch_floating(like.scalar_type(), kSeqForward, [&](auto tag) {
+      using T = decltype(tag);
+      if constexpr (!std::is_same_v<T, double>) {
+        constexpr int Q = tc::kLocalQ;
+        auto kernel = a.batch_sizes != nullptr ? tc::forward_tc_local_kernel<T, Q, true>
+                                               : tc::forward_tc_local_kernel<T, Q, false>;
+        OPSCOMMON_CUDA_CHECK(
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
+        kernel<<<p.grid, tc::kLocalThreads, p.smem_forward, stream>>>(
+            a.T, a.B, a.S, static_cast<T*>(f.gates), static_cast<const T*>(f.bias),
+            static_cast<const T*>(f.h_prev), static_cast<const T*>(f.w_hT),
+            static_cast<const T*>(f.c_prev), static_cast<T*>(f.h), static_cast<T*>(f.c),
+            static_cast<T*>(a.h_n), static_cast<T*>(a.c_n), ptr_of(bs));
+        OPSCOMMON_CUDA_CHECK_LAUNCH();
+      }
+    });
+    return true;
+  }
+
+  static bool backward_steps_local(const Tensor& like, const BackwardSteps& a, const TcPlan& p) {
+    const int device = like.get_device();
+    const cudaStream_t stream = opscommon::current_stream(device);
+    const int optin = opscommon::device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(device);
+    const std::optional<Tensor> bs = device_sizes(like, kSeqBackward, a.batch_sizes, a.T);
+    opscommon::dispatch_floating(like.scalar_type(), kSeqBackward, [&](auto tag) {
+      using T = decltype(tag);
+      if constexpr (!std::is_same_v<T, double>) {
+        constexpr int Q = tc::kLocalQ;
+        auto kernel = a.batch_sizes != nullptr ? tc::backward_tc_local_kernel<T, Q, true>
+                                               : tc::backward_tc_local_kernel<T, Q, false>;
+        OPSCOMMON_CUDA_CHECK(
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
+        kernel<<<p.grid, tc::kLocalThreads, p.smem_backward, stream>>>(
+            a.T, a.t0, a.t1, a.K, a.B, a.S, static_cast<const T*>(a.grad_outputs),
+            static_cast<const T*>(a.grad_h_n), static_cast<const T*>(a.grad_c_n),
+            static_cast<T*>(a.dG), static_cast<const T*>(a.w_h), a.w_ld, static_cast<T*>(a.dc),
+            static_cast<const T*>(a.gates), static_cast<const T*>(a.cells),
+            static_cast<const T*>(a.c0), static_cast<float*>(a.bias_partial), ptr_of(bs));
+        OPSCOMMON_CUDA_CHECK_LAUNCH();
+      }
+    });
+    return true;
+  }
+
   static bool forward_steps_tc(const Tensor& like, const ForwardSteps& a, const TcPlan& p) {
+    if (p.local) return forward_steps_local(like, a, p);
     const int device = like.get_device();
     const cudaStream_t stream = opscommon::current_stream(device);
     const int optin = opscommon::device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(device);
@@ -882,6 +976,7 @@ struct CudaDev {
   }
 
   static bool backward_steps_tc(const Tensor& like, const BackwardSteps& a, const TcPlan& p) {
+    if (p.local) return backward_steps_local(like, a, p);
     const int device = like.get_device();
     const cudaStream_t stream = opscommon::current_stream(device);
     const int optin = opscommon::device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(device);

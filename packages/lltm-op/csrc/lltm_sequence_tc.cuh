@@ -151,57 +151,68 @@ inline size_t backward_smem(int64_t S, int Q, int64_t bm) {
          static_cast<size_t>(s.I) * 3 * 8 * Q * sizeof(float);
 }
 
-// Fill the block's weight fragments: fragment (kt, nt) of lane l holds the
-// B operand of k tile kt, column l / 4 of tile nt: logical rows
-// 2 (l % 4) + {0, 1} and + {8, 9} (16-bit types, two to a register) or
-// l % 4 and + 4 (TF32), each mapped to its k by permuted_k; `w(k, nt, n)`
-// returns the bits of one element (zero outside the matrix).
+// One weight fragment: lane `lane` of k tile kt holds the B operand of
+// column lane / 4 of its tile: logical rows 2 (lane % 4) + {0, 1} and
+// + {8, 9} (16-bit types, two to a register) or lane % 4 and + 4 (TF32),
+// each mapped to its k by permuted_k; `w(k, n)` returns the bits of the
+// element at k of the tile's column n (zero outside the matrix).
+template <typename T, typename Fn>
+__device__ __forceinline__ uint2 make_fragment(int64_t kt, int lane, Fn w) {
+  const int n = lane >> 2;
+  uint2 f;
+  if constexpr (sizeof(T) == 4) {
+    const int l = lane & 3;
+    f.x = to_tf32(w(permuted_k<T>(kt, l), n));
+    f.y = to_tf32(w(permuted_k<T>(kt, l + 4), n));
+  } else {
+    const int l = 2 * (lane & 3);  // logical k of b0's first element
+    f.x = uint32_t(w(permuted_k<T>(kt, l), n)) | (uint32_t(w(permuted_k<T>(kt, l + 1), n)) << 16);
+    f.y =
+        uint32_t(w(permuted_k<T>(kt, l + 8), n)) | (uint32_t(w(permuted_k<T>(kt, l + 9), n)) << 16);
+  }
+  return f;
+}
+
+// Fill the block's weight fragments: fragment (kt, nt) of lane l at
+// frag[(kt * NT + nt) * 32 + l] (see make_fragment); `w(k, nt, n)` returns
+// the bits of one element of tile nt.
 template <typename T, typename Fn>
 __device__ __forceinline__ void load_weights(uint2* frag, int64_t KT, int NT, Fn w) {
   for (int64_t e = threadIdx.x; e < KT * NT * 32; e += blockDim.x) {
-    const int lane = static_cast<int>(e % 32);
     const int64_t tile = e / 32;
     const int nt = static_cast<int>(tile % NT);
-    const int64_t kt = tile / NT;
-    const int n = lane >> 2;
-    uint2 f;
-    if constexpr (sizeof(T) == 4) {
-      const int l = lane & 3;
-      f.x = to_tf32(w(permuted_k<T>(kt, l), nt, n));
-      f.y = to_tf32(w(permuted_k<T>(kt, l + 4), nt, n));
-    } else {
-      const int l = 2 * (lane & 3);  // logical k of b0's first element
-      f.x = uint32_t(w(permuted_k<T>(kt, l), nt, n)) |
-            (uint32_t(w(permuted_k<T>(kt, l + 1), nt, n)) << 16);
-      f.y = uint32_t(w(permuted_k<T>(kt, l + 8), nt, n)) |
-            (uint32_t(w(permuted_k<T>(kt, l + 9), nt, n)) << 16);
-    }
-    frag[e] = f;
+    frag[e] = make_fragment<T>(tile / NT, static_cast<int>(e % 32),
+                               [&](int64_t k, int n) { return w(k, nt, n); });
   }
   __syncthreads();
 }
 
 constexpr int kGroup = 4;  // chunks whose loads are in flight together
 
+// 16 bytes of float32 rounded to TF32 (the A operand), or as they are.
+template <typename T>
+__device__ __forceinline__ uint4 a_operand(uint4 v) {
+  if constexpr (sizeof(T) == 4) {
+    return make_uint4(to_tf32(v.x), to_tf32(v.y), to_tf32(v.z), to_tf32(v.w));
+  } else {
+    return v;
+  }
+}
+
 // Loads of chunks c .. c + kGroup - 1 of both rows (zero past chunk c1 and
 // past the row's K elements, K a multiple of 8: a thread's 16 bytes are all
-// in or all out).
-template <typename T>
-__device__ __forceinline__ void load_group(uint4 (&v)[kGroup][2], const T* ra, const T* rb,
-                                           int64_t K, int64_t c, int64_t c1) {
+// in or all out). `get(r, off)` returns the 16 bytes at element off of row
+// r (0: the thread's first row, 1: the row 8 below).
+template <typename T, int G, typename Get>
+__device__ __forceinline__ void load_group(uint4 (&v)[G][2], Get& get, int64_t K, int64_t c,
+                                           int64_t c1) {
   const int tig = threadIdx.x & 3;
 #pragma unroll
-  for (int u = 0; u < kGroup; ++u) {
+  for (int u = 0; u < G; ++u) {
     const int64_t off = (c + u) * kChunk<T> + kPerThread<T> * tig;  // elements
     if (c + u < c1 && off < K) {
-      v[u][0] = __ldcg(reinterpret_cast<const uint4*>(ra + off));
-      v[u][1] = __ldcg(reinterpret_cast<const uint4*>(rb + off));
-      if constexpr (sizeof(T) == 4) {
-        v[u][0] = make_uint4(to_tf32(v[u][0].x), to_tf32(v[u][0].y), to_tf32(v[u][0].z),
-                             to_tf32(v[u][0].w));
-        v[u][1] = make_uint4(to_tf32(v[u][1].x), to_tf32(v[u][1].y), to_tf32(v[u][1].z),
-                             to_tf32(v[u][1].w));
-      }
+      v[u][0] = a_operand<T>(get(0, off));
+      v[u][1] = a_operand<T>(get(1, off));
     } else {
       v[u][0] = make_uint4(0, 0, 0, 0);
       v[u][1] = make_uint4(0, 0, 0, 0);
@@ -209,12 +220,12 @@ __device__ __forceinline__ void load_group(uint4 (&v)[kGroup][2], const T* ra, c
   }
 }
 
-template <typename T, int NT>
-__device__ __forceinline__ void mma_group(float (&acc)[NT][4], const uint4 (&v)[kGroup][2],
-                                          int64_t c, int64_t c1, const uint2* frag) {
+template <typename T, int NT, int G>
+__device__ __forceinline__ void mma_group(float (&acc)[NT][4], const uint4 (&v)[G][2], int64_t c,
+                                          int64_t c1, const uint2* frag) {
   const int lane = threadIdx.x & 31;
 #pragma unroll
-  for (int u = 0; u < kGroup; ++u) {
+  for (int u = 0; u < G; ++u) {
     if (c + u >= c1) break;
     const uint32_t lo[4] = {v[u][0].x, v[u][1].x, v[u][0].y, v[u][1].y};
     const uint32_t hi[4] = {v[u][0].z, v[u][1].z, v[u][0].w, v[u][1].w};
@@ -226,21 +237,61 @@ __device__ __forceinline__ void mma_group(float (&acc)[NT][4], const uint4 (&v)[
   }
 }
 
-// acc[nt] += A[rows ra, rb; chunks c0 .. c1) @ fragments. A is row-major with
-// K columns, its rows 16-byte aligned, K a multiple of 8. A is read from L2
-// (other blocks of this launch wrote it), two groups of chunks in flight.
-template <typename T, int NT>
-__device__ __forceinline__ void tile_product(float (&acc)[NT][4], const T* a_ra, const T* a_rb,
-                                             int64_t K, int64_t c0, int64_t c1, const uint2* frag) {
-  uint4 va[kGroup][2], vb[kGroup][2];
-  load_group(va, a_ra, a_rb, K, c0, c1);
-  for (int64_t c = c0; c < c1; c += 2 * kGroup) {
-    load_group(vb, a_ra, a_rb, K, c + kGroup, c1);
-    mma_group<T, NT>(acc, va, c, c1, frag);
-    load_group(va, a_ra, a_rb, K, c + 2 * kGroup, c1);
-    mma_group<T, NT>(acc, vb, c + kGroup, c1, frag);
+// mma_group with a chunk's two k tiles accumulated apart: part[0] the
+// first, part[1] the second (two independent chains).
+template <typename T, int NT, int G>
+__device__ __forceinline__ void mma_group_split(float (&part)[2][NT][4], const uint4 (&v)[G][2],
+                                                int64_t c, int64_t c1, const uint2* frag) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int u = 0; u < G; ++u) {
+    if (c + u >= c1) break;
+    const uint32_t lo[4] = {v[u][0].x, v[u][1].x, v[u][0].y, v[u][1].y};
+    const uint32_t hi[4] = {v[u][0].z, v[u][1].z, v[u][0].w, v[u][1].w};
+    const uint2* f = frag + (c + u) * 2 * NT * 32 + lane;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) mma_tile<T>(part[0][nt], lo, f[nt * 32]);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) mma_tile<T>(part[1][nt], hi, f[(NT + nt) * 32]);
   }
 }
+
+// acc[nt] += A[the thread's rows; chunks c0 .. c1) @ fragments, A read by
+// `get` (see load_group), two groups of G chunks in flight (G = kGroup for
+// L2, whose latency needs more loads in flight than shared memory's).
+template <typename T, int NT, int G = kGroup, typename Get>
+__device__ __forceinline__ void tile_product(float (&acc)[NT][4], Get get, int64_t K, int64_t c0,
+                                             int64_t c1, const uint2* frag) {
+  uint4 va[G][2], vb[G][2];
+  load_group<T>(va, get, K, c0, c1);
+  for (int64_t c = c0; c < c1; c += 2 * G) {
+    load_group<T>(vb, get, K, c + G, c1);
+    mma_group<T, NT>(acc, va, c, c1, frag);
+    load_group<T>(va, get, K, c + 2 * G, c1);
+    mma_group<T, NT>(acc, vb, c + G, c1, frag);
+  }
+}
+
+// A in global memory, row-major, rows 16-byte aligned: rows ra and rb, read
+// from L2 (other blocks of this launch wrote them).
+template <typename T>
+struct GlobalRows {
+  const T* ra;
+  const T* rb;
+  __device__ __forceinline__ uint4 operator()(int r, int64_t off) const {
+    return __ldcg(reinterpret_cast<const uint4*>((r ? rb : ra) + off));
+  }
+};
+
+// A in this block's shared memory: rows ra and rb.
+template <typename T>
+struct SharedRows {
+  const T* ra;
+  const T* rb;
+  __device__ __forceinline__ uint4 operator()(int r, int64_t off) const {
+    return *reinterpret_cast<const uint4*>((r ? rb : ra) + off);
+  }
+};
 
 // -- thread block clusters (sm_90) -----------------------------------------------------------
 //
@@ -286,50 +337,19 @@ __device__ __forceinline__ void cluster_barrier() {
 #endif
 }
 
-// load_group from the cluster's state buffers: row la / lb (rows of the
-// batch block) of the [bm, NJ] buffers at shared address `buf` of each
-// block, block b holding columns b * NJ .. + NJ - 1 (NJ a multiple of 8: a
+// A from the cluster's state buffers: rows la / lb (rows of the batch
+// block) of the [bm, NJ] buffers at shared address `buf` of each block,
+// block b holding columns b * NJ .. + NJ - 1 (NJ a multiple of 8: a
 // thread's 16 bytes are in one block).
-template <typename T>
-__device__ __forceinline__ void load_group_cluster(uint4 (&v)[kGroup][2], uint32_t buf, int la,
-                                                   int lb, int NJ, int64_t K, int64_t c,
-                                                   int64_t c1) {
-  const int tig = threadIdx.x & 3;
-#pragma unroll
-  for (int u = 0; u < kGroup; ++u) {
-    const int64_t off = (c + u) * kChunk<T> + kPerThread<T> * tig;  // elements
-    if (c + u < c1 && off < K) {
-      const uint32_t rank = static_cast<uint32_t>(off / NJ);
-      const uint32_t col = static_cast<uint32_t>(off - int64_t(rank) * NJ);
-      v[u][0] = load_cluster_v4(buf + (la * NJ + col) * sizeof(T), rank);
-      v[u][1] = load_cluster_v4(buf + (lb * NJ + col) * sizeof(T), rank);
-      if constexpr (sizeof(T) == 4) {
-        v[u][0] = make_uint4(to_tf32(v[u][0].x), to_tf32(v[u][0].y), to_tf32(v[u][0].z),
-                             to_tf32(v[u][0].w));
-        v[u][1] = make_uint4(to_tf32(v[u][1].x), to_tf32(v[u][1].y), to_tf32(v[u][1].z),
-                             to_tf32(v[u][1].w));
-      }
-    } else {
-      v[u][0] = make_uint4(0, 0, 0, 0);
-      v[u][1] = make_uint4(0, 0, 0, 0);
-    }
+struct ClusterRows {
+  uint32_t buf;
+  int la, lb, NJ, elem;  // elem: bytes an element
+  __device__ __forceinline__ uint4 operator()(int r, int64_t off) const {
+    const uint32_t rank = static_cast<uint32_t>(off / NJ);
+    const uint32_t col = static_cast<uint32_t>(off - int64_t(rank) * NJ);
+    return load_cluster_v4(buf + ((r ? lb : la) * NJ + col) * elem, rank);
   }
-}
-
-// tile_product with A read from the cluster's state buffers.
-template <typename T, int NT>
-__device__ __forceinline__ void tile_product_cluster(float (&acc)[NT][4], uint32_t buf, int la,
-                                                     int lb, int NJ, int64_t K, int64_t c0,
-                                                     int64_t c1, const uint2* frag) {
-  uint4 va[kGroup][2], vb[kGroup][2];
-  load_group_cluster<T>(va, buf, la, lb, NJ, K, c0, c1);
-  for (int64_t c = c0; c < c1; c += 2 * kGroup) {
-    load_group_cluster<T>(vb, buf, la, lb, NJ, K, c + kGroup, c1);
-    mma_group<T, NT>(acc, va, c, c1, frag);
-    load_group_cluster<T>(va, buf, la, lb, NJ, K, c + 2 * kGroup, c1);
-    mma_group<T, NT>(acc, vb, c + kGroup, c1, frag);
-  }
-}
+};
 
 // Sum the k-split partial accumulators into those of the ks == 0 warps.
 // Every thread of the block calls it (it holds a barrier).
@@ -512,10 +532,11 @@ __global__ void __launch_bounds__(kTcThreads, 1)
       const int64_t k0 = KC * ks / sp.KS, k1 = KC * (ks + 1) / sp.KS;
       if (kCluster && t > 0) {
         const uint32_t buf = shared_address(state + ((t - 1) & 1) * bm * NJ);
-        tile_product_cluster<T, NT>(acc, buf, static_cast<int>(ra - r0), static_cast<int>(rb - r0),
-                                    NJ, S, k0, k1, frag);
+        const ClusterRows rows{buf, static_cast<int>(ra - r0), static_cast<int>(rb - r0), NJ,
+                               static_cast<int>(sizeof(T))};
+        tile_product<T, NT>(acc, rows, S, k0, k1, frag);
       } else {
-        tile_product<T, NT>(acc, h_prev + ra * S, h_prev + rb * S, S, k0, k1, frag);
+        tile_product<T, NT>(acc, GlobalRows<T>{h_prev + ra * S, h_prev + rb * S}, S, k0, k1, frag);
       }
     }
     if (sp.KS > 1) reduce_k_split<NACC>(&acc[0][0], red, sp, warp, live);
@@ -654,8 +675,8 @@ __global__ void __launch_bounds__(kTcThreads, 1)
     if (active && (kPacked ? tile_row < n_next : !last)) {
       const int64_t ra = std::min<int64_t>(row_base, B - 1);
       const int64_t rb = std::min<int64_t>(row_base + 8, B - 1);
-      tile_product<T, NT>(acc, dG_next + ra * S3, dG_next + rb * S3, S3, KC * ks / sp.KS,
-                          KC * (ks + 1) / sp.KS, frag);
+      tile_product<T, NT>(acc, GlobalRows<T>{dG_next + ra * S3, dG_next + rb * S3}, S3,
+                          KC * ks / sp.KS, KC * (ks + 1) / sp.KS, frag);
     }
     if (sp.KS > 1) reduce_k_split<NACC>(&acc[0][0], red, sp, warp, active);
     if (owner) {

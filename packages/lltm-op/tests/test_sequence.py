@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import re
 
 import pytest
 import torch
@@ -850,12 +851,30 @@ PATHS = {
         "LLTM_OP_SEQUENCE_TENSOR_CORES": "0",
     },
     # float16 / bfloat16 with S a multiple of 8 on sm_80+: the tensor-core
-    # persistent kernels; other dtypes and sizes take the default path.
+    # persistent kernels (the block-local ones where W_h fits one block);
+    # other dtypes and sizes take the default path.
     "tensor_cores": {"LLTM_OP_SEQUENCE_TENSOR_CORES": "1"},
-    # The same with the forward's cluster variant (opt-in) where its
-    # clusters fit (sm_90).
-    "tc_clusters": {"LLTM_OP_SEQUENCE_TENSOR_CORES": "1", "LLTM_OP_SEQUENCE_CLUSTERS": "1"},
+    # The global-barrier tensor-core kernels at every size.
+    "tc_global": {"LLTM_OP_SEQUENCE_TENSOR_CORES": "1", "LLTM_OP_SEQUENCE_LOCAL": "0"},
+    # Those with the forward's cluster variant (opt-in) where its clusters
+    # fit (sm_90).
+    "tc_clusters": {
+        "LLTM_OP_SEQUENCE_TENSOR_CORES": "1",
+        "LLTM_OP_SEQUENCE_LOCAL": "0",
+        "LLTM_OP_SEQUENCE_CLUSTERS": "1",
+    },
 }
+
+# A tensor-core kernel's name: the global-barrier or the block-local one.
+_TC_KERNEL = {d: re.compile(rf"{d}_tc(_local)?_kernel<") for d in ("forward", "backward")}
+
+
+def count_tc(names: list[str], direction: str, local: bool | None = None) -> int:
+    """Launches of the tensor-core kernels of `direction` ("forward",
+    "backward") in `names`; only the block-local (local=True) or only the
+    global-barrier ones (local=False) where asked."""
+    found = [_TC_KERNEL[direction].search(n) for n in names]
+    return sum(1 for m in found if m and (local is None or bool(m.group(1)) == local))
 
 
 @pytest.mark.cuda
@@ -911,6 +930,7 @@ def tf32_matmul(allowed: bool):
         (1, 5, 3, 16),
         (3, 70, 9, 40),
         (4, 16, 8, 64),
+        (4, 20, 6, 96),
         (2, 33, 16, 136),
         (6, 130, 24, 256),
         (3, 300, 32, 128),
@@ -920,9 +940,11 @@ def tf32_matmul(allowed: bool):
 def test_cuda_tensor_core_kernels_run_and_match_the_reference(dtype, size):
     """The tensor-core persistent kernels (sm_80+; float32 on TF32 tensor
     cores, with torch's TF32 setting on): they run (one launch for the
-    forward, one per backward chunk) and match float64 on sizes off every
-    tile: B below one 16-row tile and past it (3, 70, 300: several batch
-    blocks), S = 8 and 40 (a half-filled k tile), T = 1, several chunks."""
+    forward, one per backward chunk; the block-local ones up to S = 96 in
+    16-bit types and 64 in float32, the global-barrier ones past it) and
+    match float64 on sizes off every tile: B below one 16-row tile and past
+    it (3, 70, 300: several batch blocks), S = 8 and 40 (a half-filled k
+    tile), T = 1, several chunks."""
     need("cuda")
     if torch.cuda.get_device_capability()[0] < 8:
         pytest.skip("the tensor-core kernels need sm_80 or newer")
@@ -944,8 +966,10 @@ def test_cuda_tensor_core_kernels_run_and_match_the_reference(dtype, size):
 
         names = _cuda_kernel_names(run)
         torch.autograd.backward(ref, grads)
-    assert sum("forward_tc_kernel" in n for n in names) == 1, names
-    assert sum("backward_tc_kernel" in n for n in names) == chunks, names
+    # The block-local kernels up to S = 96 (16-bit) / 64 (float32).
+    local = S <= (64 if dtype == torch.float32 else 96)
+    assert count_tc(names, "forward", local) == 1, names
+    assert count_tc(names, "backward", local) == chunks, names
     assert not any("fused_kernel" in n or "persistent_kernel" in n for n in names), names
     for name, o, r in zip(("outputs", "h_n", "c_n"), out, ref):
         assert rel_err(o.cpu(), r) <= limit, name
@@ -984,15 +1008,19 @@ def test_cuda_paths_run_packed_rows(path, dtype, T, B, F, S):
     with env(**PACKED_PATHS[path], LLTM_OP_SEQUENCE_CHUNKS=2), tf32_matmul(path == "tf32"):
         names = _cuda_kernel_names(run)
     tc = torch.cuda.get_device_capability()[0] >= 8 and S % 8 == 0
-    tc_path = path in ("tensor_cores", "tc_clusters")
+    tc_path = path in ("tensor_cores", "tc_global", "tc_clusters")
     if path == "persistent" or (tc_path and dtype != torch.float64 and tc):
         # One launch for the forward, one per backward chunk: no step kernels.
-        kind = "tc_kernel" if tc_path and dtype != torch.float32 else "persistent_kernel"
-        assert sum(f"forward_{kind}" in n for n in names) == 1, names
-        assert sum(f"backward_{kind}" in n for n in names) == 2, names
+        if tc_path and dtype != torch.float32:
+            local = None if path == "tensor_cores" else False
+            assert count_tc(names, "forward", local) == 1, names
+            assert count_tc(names, "backward", local) == 2, names
+        else:
+            assert sum("forward_persistent_kernel" in n for n in names) == 1, names
+            assert sum("backward_persistent_kernel" in n for n in names) == 2, names
         assert not any("cell_kernel" in n for n in names), names
     if path == "tf32" and tc:
-        assert sum("forward_tc_kernel" in n for n in names) == 1, names
+        assert count_tc(names, "forward") == 1, names
     limit = {torch.float64: 1e-12, torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 3e-2}[dtype]
     if path == "tf32":
         limit = 5e-3
@@ -1019,7 +1047,10 @@ def test_cuda_forward_cluster_variant_matches_the_global_barrier_kernel(dtype, T
         bs = batch_sizes_of(random_lengths(T, B, gen), T)
     runs = {}
     for clusters in ("1", "0"):
-        with env(LLTM_OP_SEQUENCE_TENSOR_CORES="1", LLTM_OP_SEQUENCE_CLUSTERS=clusters), tf32_matmul(True):
+        with (
+            env(LLTM_OP_SEQUENCE_TENSOR_CORES="1", LLTM_OP_SEQUENCE_LOCAL="0", LLTM_OP_SEQUENCE_CLUSTERS=clusters),
+            tf32_matmul(True),
+        ):
             got = []
             # The op itself (a no-grad run_op would take sequence_inference).
             names = _cuda_kernel_names(lambda got=got: got.extend(seq_forward(*args, True, bs)[:3]))
@@ -1049,7 +1080,7 @@ def test_cuda_float32_uses_tf32_only_where_torch_allows_it():
         got = []
         with tf32_matmul(allowed):
             names = _cuda_kernel_names(lambda run=run, got=got: got.extend(flat(run(*args))))
-        assert any("forward_tc_kernel" in n for n in names) == allowed, (allowed, names)
+        assert (count_tc(names, "forward") > 0) == allowed, (allowed, names)
         limit = 5e-3 if allowed else 1e-5
         for g, r in zip(got, want):
             assert rel_err(g.cpu().double(), r) <= limit, allowed
@@ -1059,7 +1090,7 @@ def test_cuda_float32_uses_tf32_only_where_torch_allows_it():
             names = _cuda_kernel_names(lambda: lltm_sequence(*args))
         finally:
             torch.set_float32_matmul_precision("highest")
-    assert any("forward_tc_kernel" in n for n in names), names
+    assert count_tc(names, "forward") > 0, names
 
 
 @pytest.mark.cuda

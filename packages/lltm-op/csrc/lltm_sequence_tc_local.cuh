@@ -1,0 +1,486 @@
+// lltm_op: the block-local tensor-core kernels of the LLTM sequence (sm_80+),
+// for small state sizes (S up to 96 in 16-bit types, 64 in float32 on
+// TF32; see kLocalMaxS), whose whole recurrent matrix fits in one block's
+// shared memory.
+// Included by lltm_sequence_cuda.cu after lltm_sequence_tc.cuh, whose
+// fragments, loads and cell helpers they use.
+//
+// A block owns 16 batch rows and ALL state columns, so no step waits for
+// another block: the recurrent state of its rows (h forward, dG backward)
+// stays in its shared memory, and the steps are separated by __syncthreads
+// alone. The global-barrier kernels spend most of a step at small sizes on
+// what this removes: the state's round trip through L2 and the grid-wide
+// barrier (a release, an atomic and a poll of global memory). Blocks are
+// independent, so they need not all be resident at once; the plan still
+// asks for one wave (see compute_tc_plan).
+//
+// Warp w owns the state columns 8 Q w .. 8 Q w + 8 Q - 1 (forward: their
+// three gates' columns of W_h^T, K = S; backward: those columns of W_h,
+// K = 3S): its weight fragments are a contiguous slice of shared memory,
+// laid out as a global-barrier block's of the same Q. Each thread owns the
+// accumulator elements at rows lane / 4 and + 8, columns 2 (lane % 4) +
+// {0, 1} of each 8-column group, for all three gates: the cell runs in
+// registers, as in the global-barrier kernels, with the same arithmetic
+// (float32 products and cell, pre-activations rounded to the storage type).
+#pragma once
+
+namespace tc {
+
+constexpr int64_t kLocalRows = 16;  // batch rows a block
+// 16 warps: a step is a short chain of dependent instructions per warp (the
+// product, then the cell); four warps a scheduler hide more of its latency
+// than two (measured on an H200: with 8 warps a scheduler issued on 44% of
+// the cycles).
+constexpr int kLocalWarps = 16;
+constexpr int kLocalThreads = 32 * kLocalWarps;
+constexpr int kLocalGroup = 2;  // chunks of A in flight (shared memory: short latency)
+
+// Row stride (elements) of a [16, K] state buffer in shared memory: K
+// rounded up to whole chunks (the product reads whole chunks; the padding
+// stays zero), then to 64 bytes past a multiple of 128 so that the two rows
+// a quarter-warp reads at once fall in different banks.
+template <typename T>
+__host__ __device__ inline int64_t local_ld(int64_t K) {
+  const int64_t bytes =
+      (K + kChunk<T> - 1) / kChunk<T> * kChunk<T> * static_cast<int64_t>(sizeof(T));
+  const int64_t padded = bytes + (64 - bytes % 128 + 128) % 128;
+  return padded / static_cast<int64_t>(sizeof(T));
+}
+
+// Warps holding weights: ceil(ceil(S / 8) / Q).
+__host__ __device__ inline int local_warps(int64_t S, int Q) {
+  return static_cast<int>(((S + 7) / 8 + Q - 1) / Q);
+}
+
+// The largest S the block-local kernels take: float16 / bfloat16 96, float32
+// (TF32) 64. Per step, on an H200 (T256, B 8 / 64 / 256), against the
+// global-barrier kernels: 16-bit S <= 96 forward 0.36-0.85x, backward
+// 0.46-0.92x; float32 S <= 64 0.40-0.63x and 0.56-0.91x. At S = 128 the
+// block's one chain of dependent work a step (the product, then the cell,
+// for 16 rows and every column) is as long as a step of the global
+// kernels, whose blocks share the columns: 0.83-1.10x forward and
+// 0.91-1.18x backward (16-bit), up to 1.65x backward (float32).
+template <typename T>
+constexpr int64_t kLocalMaxS = sizeof(T) == 2 ? 96 : 64;
+
+// One 8-column tile a warp: 16 warps cover 128 columns, more than kLocalMaxS.
+constexpr int kLocalQ = 1;
+static_assert(8 * kLocalQ * kLocalWarps >= 96, "the warps cover kLocalMaxS columns");
+
+template <typename T>
+inline size_t local_forward_smem(int64_t S, int Q) {
+  return local_warps(S, Q) * weight_bytes(k_tiles<T>(S), 3 * Q) +
+         2 * kLocalRows * local_ld<T>(S) * sizeof(T);
+}
+// Two dG buffers: the step's and the next's.
+template <typename T>
+inline size_t local_backward_smem(int64_t S, int Q) {
+  return local_warps(S, Q) * weight_bytes(k_tiles<T>(3 * S), Q) +
+         2 * kLocalRows * local_ld<T>(3 * S) * sizeof(T);
+}
+
+// tile_product (A from this block's shared memory, G = kLocalGroup) with the
+// k tiles accumulated in P independent chains (P = 2: the two tiles of a
+// chunk; P = 4: and odd / even groups), summed at the end: a warp owns few
+// columns here (one tile backward), and one chain of dependent mma over the
+// whole K would be most of a step.
+template <typename T, int NT, int P>
+__device__ __forceinline__ void local_product(float (&acc)[NT][4], const T* ra, const T* rb,
+                                              int64_t K, int64_t KC, const uint2* frag) {
+  static_assert(P == 2 || P == 4, "two or four chains");
+  constexpr int G = kLocalGroup;
+  const SharedRows<T> get{ra, rb};
+  float part[P / 2][2][NT][4] = {};
+  uint4 va[G][2], vb[G][2];
+  load_group<T>(va, get, K, 0, KC);
+  for (int64_t c = 0; c < KC; c += 2 * G) {
+    load_group<T>(vb, get, K, c + G, KC);
+    mma_group_split<T, NT, G>(part[0], va, c, KC, frag);
+    load_group<T>(va, get, K, c + 2 * G, KC);
+    mma_group_split<T, NT, G>(part[P / 2 - 1], vb, c + G, KC, frag);
+  }
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float v = part[0][0][nt][e] + part[0][1][nt][e];
+      if constexpr (P == 4) v += part[1][0][nt][e] + part[1][1][nt][e];
+      acc[nt][e] = v;
+    }
+  }
+}
+
+// Fill the block's weight fragments, warp slice after warp slice (slice w
+// as load_weights lays out one block's, tiles of stride NT);
+// `w(slice, k, nt, n)` returns the bits of one element.
+template <typename T, typename Fn>
+__device__ __forceinline__ void load_weight_slices(uint2* frag, int slices, int64_t KT, int NT,
+                                                   Fn w) {
+  const int64_t per_slice = KT * NT * 32;
+  for (int64_t e = threadIdx.x; e < slices * per_slice; e += blockDim.x) {
+    const int slice = static_cast<int>(e / per_slice);
+    const int64_t tile = (e % per_slice) / 32;
+    const int nt = static_cast<int>(tile % NT);
+    frag[e] = make_fragment<T>(tile / NT, static_cast<int>(e % 32),
+                               [&](int64_t k, int n) { return w(slice, k, nt, n); });
+  }
+}
+
+// Zero `count` elements of shared memory (T-sized) at p.
+template <typename T>
+__device__ __forceinline__ void zero_shared(T* p, int64_t count) {
+  for (int64_t e = threadIdx.x; e < count; e += blockDim.x) p[e] = to_storage<T>(0.f);
+}
+
+// -- per-thread places ----------------------------------------------------------------------
+//
+// What a thread owns, fixed for the launch: element offsets (int32: a block
+// row's element offsets are below 2^31, as the plan's grid bounds B) of
+// its pairs (half, q) in a step's state ([B, S]), gates ([B, 3S]) and the
+// block's shared state buffer, and whether the pair is in the matrix.
+template <int Q>
+struct Places {
+  int state[2][Q], gate[2][Q], buf[2][Q];
+  bool ok[2][Q];
+  int64_t row[2];
+  __device__ __forceinline__ Places(int64_t B, int64_t S, int64_t r0, int64_t ld_buf, int warp,
+                                    int lane) {
+    const int64_t col = 8 * Q * warp + 2 * (lane & 3);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      row[half] = r0 + (lane >> 2) + 8 * half;
+#pragma unroll
+      for (int q = 0; q < Q; ++q) {
+        const int64_t j = col + 8 * q;
+        ok[half][q] = row[half] < B && j < S;
+        state[half][q] = static_cast<int>(row[half] * S + j);
+        gate[half][q] = static_cast<int>(row[half] * 3 * S + j);
+        buf[half][q] = static_cast<int>((row[half] - r0) * ld_buf + j);
+      }
+    }
+  }
+};
+
+// -- forward --------------------------------------------------------------------------------
+//
+// kPacked as in forward_tc_kernel: a row runs while it is below the step's
+// batch size and writes h_n / c_n at its own last step.
+template <typename T, int Q, bool kPacked>
+__global__ void __launch_bounds__(kLocalThreads, 1)
+    forward_tc_local_kernel(int64_t steps, int64_t B, int64_t S, T* gates, const T* bias,
+                            const T* h0, const T* w_hT, const T* c0, T* outs, T* cells, T* h_n,
+                            T* c_n, const int64_t* bs) {
+  constexpr int NT = 3 * Q;
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int64_t KC = (S + kChunk<T> - 1) / kChunk<T>, KT = 2 * KC;
+  const int64_t ld = local_ld<T>(S);
+  const int slices = local_warps(S, Q);
+  uint2* frag = reinterpret_cast<uint2*>(smem);
+  // h of the block's rows, two buffers: step t reads (t + 1) % 2 (h_{t-1})
+  // and writes t % 2.
+  T* hbuf = reinterpret_cast<T*>(smem + slices * weight_bytes(KT, NT));
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kLocalRows;
+  // Slice w, tile nt = g * Q + q: gate g, columns 8 (Q w + q) .. + 7.
+  load_weight_slices<T>(frag, slices, KT, NT, [&](int w, int64_t k, int nt, int n) -> uint32_t {
+    const int64_t j = 8 * (Q * w + nt % Q) + n;
+    if (k >= S || j >= S) return 0;
+    return bits_of(w_hT[k * 3 * S + (nt / Q) * S + j]);
+  });
+  zero_shared(hbuf, 2 * kLocalRows * ld);
+  __syncthreads();
+  for (int64_t e = threadIdx.x; e < kLocalRows * S; e += blockDim.x) {
+    const int64_t r = e / S, k = e % S;
+    if (r0 + r < B) hbuf[(kLocalRows + r) * ld + k] = h0[(r0 + r) * S + k];
+  }
+  __syncthreads();
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t step_gates = B * 3 * S, step_state = B * S;
+  const bool owner = warp < slices;
+  const uint2* my_frag = frag + warp * KT * NT * 32;
+  const Places<Q> at(B, S, r0, ld, warp, lane);
+
+  float c_reg[2][Q][2] = {}, b_reg[3][Q][2] = {};
+  // P of (half, q, gate), two columns a register, two steps ahead: p_next
+  // for this step, p_after for the next (a load from global memory takes
+  // longer than a step).
+  Pair<T> p_next[2][Q][3] = {}, p_after[2][Q][3] = {};
+  auto prefetch_p = [&](int64_t t) {
+    if (t >= steps) return;
+    const T* g_t = gates + t * step_gates;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+#pragma unroll
+      for (int q = 0; q < Q; ++q) {
+        if (!at.ok[half][q]) continue;
+#pragma unroll
+        for (int g = 0; g < 3; ++g) p_after[half][q][g] = load_pair(g_t + at.gate[half][q] + g * S);
+      }
+    }
+  };
+  auto advance_p = [&]() {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+#pragma unroll
+      for (int q = 0; q < Q; ++q) {
+#pragma unroll
+        for (int g = 0; g < 3; ++g) p_next[half][q][g] = p_after[half][q][g];
+      }
+    }
+  };
+  if (owner) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+#pragma unroll
+      for (int q = 0; q < Q; ++q) {
+        if (!at.ok[half][q]) continue;
+        const Pair<T> c2 = load_two(c0 + at.state[half][q]);
+        c_reg[half][q][0] = elem_of<T>(c2, 0);
+        c_reg[half][q][1] = elem_of<T>(c2, 1);
+      }
+    }
+    const int64_t col = 8 * Q * warp + 2 * (lane & 3);
+#pragma unroll
+    for (int q = 0; q < Q; ++q) {
+#pragma unroll
+      for (int g = 0; g < 3; ++g) {
+        if (col + 8 * q >= S) continue;
+        const Pair<T> b2 = load_two(bias + g * S + col + 8 * q);
+        b_reg[g][q][0] = elem_of<T>(b2, 0);
+        b_reg[g][q][1] = elem_of<T>(b2, 1);
+      }
+    }
+    prefetch_p(0);
+    advance_p();
+    prefetch_p(1);
+  }
+
+  T* g_t = gates;
+  T* o_t = outs;
+  T* c_t = cells;
+  for (int64_t t = 0; t < steps; ++t, g_t += step_gates, o_t += step_state, c_t += step_state) {
+    const bool last = t == steps - 1;
+    const int64_t n = kPacked ? rows_at(bs, B, steps, t) : B;
+    const int64_t n_next = kPacked ? rows_at(bs, B, steps, t + 1) : 0;
+    if (kPacked && r0 >= n) break;  // sizes do not increase: this block is done
+    const T* h_read = hbuf + ((t + 1) & 1) * kLocalRows * ld;
+    T* h_write = hbuf + (t & 1) * kLocalRows * ld;
+    if (owner) {
+      float acc[NT][4];
+      const T* ra = h_read + (lane >> 2) * ld;
+      local_product<T, NT, 2>(acc, ra, ra + 8 * ld, ld, KC, my_frag);
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+#pragma unroll
+        for (int q = 0; q < Q; ++q) {
+          if (!at.ok[half][q] || (kPacked && at.row[half] >= n)) continue;
+          float pre[3][2];
+#pragma unroll
+          for (int g = 0; g < 3; ++g) {
+            const Pair<T> packed = pack_rounded<T>(
+                elem_of<T>(p_next[half][q][g], 0) + acc[g * Q + q][2 * half] + b_reg[g][q][0],
+                elem_of<T>(p_next[half][q][g], 1) + acc[g * Q + q][2 * half + 1] + b_reg[g][q][1],
+                pre[g][0], pre[g][1]);
+            store_pair(g_t + at.gate[half][q] + g * S, packed);
+          }
+          float nh[2], nc[2];
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            cell_forward_math<float, MathFor<T>>(pre[0][e], pre[1][e], pre[2][e], c_reg[half][q][e],
+                                                 nh[e], nc[e]);
+          }
+          const Pair<T> hv = pack_rounded<T>(nh[0], nh[1], nh[0], nh[1]);
+          const Pair<T> cv = pack_rounded<T>(nc[0], nc[1], c_reg[half][q][0], c_reg[half][q][1]);
+          store_pair(o_t + at.state[half][q], hv);
+          store_pair(c_t + at.state[half][q], cv);
+          store_pair(h_write + at.buf[half][q], hv);
+          if (kPacked ? at.row[half] >= n_next : last) {  // the row's last step
+            store_pair(h_n + at.state[half][q], hv);
+            store_pair(c_n + at.state[half][q], cv);
+          }
+        }
+      }
+      advance_p();
+      prefetch_p(t + 2);
+    }
+    __syncthreads();  // h_t written before the next step reads it
+  }
+}
+
+// -- backward -------------------------------------------------------------------------------
+//
+// Steps t1 - 1 down to t0 of a backward chunk, with backward_tc_kernel's
+// arguments and outputs: dG of step t to slot t - t0 of dG (and to shared
+// memory, where the next step's product reads it), the chunk's first step
+// reading slot K (the later chunk's last dG), dc of step t0 - 1 at the end,
+// the bias-gradient sums of the block's rows added to row blockIdx.y of
+// `partial` (summed in registers over the chunk, in a fixed order).
+template <typename T, int Q, bool kPacked>
+__global__ void __launch_bounds__(kLocalThreads, 1)
+    backward_tc_local_kernel(int64_t T_, int64_t t0, int64_t t1, int64_t K, int64_t B, int64_t S,
+                             const T* go, const T* ghn, const T* gcn, T* dG, const T* w_h,
+                             int64_t ld_w, T* dc, const T* gates, const T* cells, const T* c0,
+                             float* partial, const int64_t* bs) {
+  constexpr int NT = Q;
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int64_t S3 = 3 * S, KC = (S3 + kChunk<T> - 1) / kChunk<T>, KT = 2 * KC;
+  const int64_t ld = local_ld<T>(S3);
+  const int slices = local_warps(S, Q);
+  uint2* frag = reinterpret_cast<uint2*>(smem);
+  // dG of the block's rows, two buffers: step t reads dG_{t+1} from buffer
+  // (t + 1) % 2 and writes dG_t to t % 2.
+  T* gbuf = reinterpret_cast<T*>(smem + slices * weight_bytes(KT, NT));
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kLocalRows;
+  // Slice w, tile nt: columns 8 (Q w + nt) .. + 7 of W_h ([3S, S], rows of stride ld_w).
+  load_weight_slices<T>(frag, slices, KT, NT, [&](int w, int64_t k, int nt, int n) -> uint32_t {
+    const int64_t j = 8 * (Q * w + nt) + n;
+    if (k >= S3 || j >= S) return 0;
+    return bits_of(w_h[k * ld_w + j]);
+  });
+  zero_shared(gbuf, 2 * kLocalRows * ld);
+  __syncthreads();
+  const int64_t step_gates = B * S3, step_state = B * S;
+  if (t1 < T_) {  // the later chunk's last dG (slot K) for the chunk's first step
+    const T* src = dG + K * step_gates;
+    T* dst = gbuf + (t1 & 1) * kLocalRows * ld;
+    for (int64_t e = threadIdx.x; e < kLocalRows * S3; e += blockDim.x) {
+      const int64_t r = e / S3, k = e % S3;
+      if (r0 + r < B) dst[r * ld + k] = src[(r0 + r) * S3 + k];
+    }
+  }
+  __syncthreads();
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const bool owner = warp < slices;
+  const uint2* my_frag = frag + warp * KT * NT * 32;
+  const Places<Q> at(B, S, r0, ld, warp, lane);
+
+  float dc_reg[2][Q][2] = {};
+  // Column sums of the block's dG over the chunk (this thread's rows).
+  float sums[3][Q][2] = {};
+  // Step t's inputs, two steps ahead (see the forward): grad_outputs[t],
+  // G_t of the three gates, c_{t-1}, two columns a register.
+  struct Inputs {
+    Pair<T> go[2][Q], g[2][Q][3], c[2][Q];
+  };
+  Inputs in_next = {}, in_after = {};
+  auto prefetch = [&](int64_t t) {
+    if (t < t0) return;
+    const T* g_t = gates + t * step_gates;
+    const T* c_prev = t ? cells + (t - 1) * step_state : c0;
+    const T* go_t = go != nullptr ? go + t * step_state : nullptr;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+#pragma unroll
+      for (int q = 0; q < Q; ++q) {
+        if (!at.ok[half][q]) continue;
+        in_after.go[half][q] = go_t != nullptr ? load_two(go_t + at.state[half][q]) : Pair<T>{};
+#pragma unroll
+        for (int g = 0; g < 3; ++g) {
+          in_after.g[half][q][g] = load_two(g_t + at.gate[half][q] + g * S);
+        }
+        in_after.c[half][q] = load_two(c_prev + at.state[half][q]);
+      }
+    }
+  };
+  if (owner) {
+    const T* dc_in = t1 - 1 == T_ - 1 ? gcn : dc;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+#pragma unroll
+      for (int q = 0; q < Q; ++q) {
+        if (!at.ok[half][q] || dc_in == nullptr) continue;
+        const Pair<T> d2 = load_two(dc_in + at.state[half][q]);
+        dc_reg[half][q][0] = elem_of<T>(d2, 0);
+        dc_reg[half][q][1] = elem_of<T>(d2, 1);
+      }
+    }
+    prefetch(t1 - 1);
+    in_next = in_after;
+    prefetch(t1 - 2);
+  }
+
+  for (int64_t t = t1 - 1; t >= t0; --t) {
+    const bool last = t == T_ - 1;
+    const int64_t n = kPacked ? rows_at(bs, B, T_, t) : B;
+    const int64_t n_next = kPacked ? rows_at(bs, B, T_, t + 1) : 0;
+    const T* g_read = gbuf + ((t + 1) & 1) * kLocalRows * ld;
+    T* g_write = gbuf + (t & 1) * kLocalRows * ld;
+    float acc[NT][4] = {};
+    // Rows with no step after this one (all, at the last): no recurrent
+    // gradient (their dG_{t+1} rows are zero: skipping is only faster).
+    if (owner && (kPacked ? r0 < n_next : !last)) {
+      const T* ra = g_read + (lane >> 2) * ld;
+      local_product<T, NT, 4>(acc, ra, ra + 8 * ld, ld, KC, my_frag);
+    }
+    if (owner) {
+      T* dg_t = dG + (t - t0) * step_gates;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const bool live = !kPacked || at.row[half] < n;
+        const bool row_last = kPacked ? at.row[half] >= n_next : last;
+#pragma unroll
+        for (int q = 0; q < Q; ++q) {
+          if (!at.ok[half][q]) continue;
+          float d[3][2] = {};  // zero past the row's end; its dc held
+#pragma unroll
+          for (int e = 0; e < 2 && live; ++e) {
+            float grad_h = acc[q][2 * half + e] + elem_of<T>(in_next.go[half][q], e);
+            if (row_last && ghn != nullptr) grad_h += to_acc(ghn[at.state[half][q] + e]);
+            float d_c;
+            cell_backward_math<float, MathFor<T>>(
+                grad_h, dc_reg[half][q][e], elem_of<T>(in_next.g[half][q][0], e),
+                elem_of<T>(in_next.g[half][q][1], e), elem_of<T>(in_next.g[half][q][2], e),
+                elem_of<T>(in_next.c[half][q], e), d[0][e], d[1][e], d[2][e], d_c);
+            dc_reg[half][q][e] = to_acc(to_storage<T>(d_c));
+          }
+#pragma unroll
+          for (int g = 0; g < 3; ++g) {
+            float r0v, r1v;
+            const Pair<T> v = pack_rounded<T>(d[g][0], d[g][1], r0v, r1v);
+            store_pair(dg_t + at.gate[half][q] + g * S, v);
+            store_pair(g_write + at.buf[half][q] + g * S, v);
+            sums[g][q][0] += d[g][0];
+            sums[g][q][1] += d[g][1];
+          }
+        }
+      }
+      in_next = in_after;
+      prefetch(t - 2);
+    }
+    __syncthreads();  // dG_t written before the next step reads it
+  }
+  if (!owner) return;
+  // The chunk's last step is the earliest: its dc is d c_{t0 - 1}.
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+#pragma unroll
+    for (int q = 0; q < Q; ++q) {
+      if (!at.ok[half][q]) continue;
+      float a, b;
+      store_pair(dc + at.state[half][q],
+                 pack_rounded<T>(dc_reg[half][q][0], dc_reg[half][q][1], a, b));
+    }
+  }
+  // Column sums over the block's 16 rows (lanes with the same lane % 4 hold
+  // the same columns), added to the block's row of partial sums: this
+  // thread alone adds to these entries.
+  const int64_t col = 8 * Q * warp + 2 * (lane & 3);
+#pragma unroll
+  for (int g = 0; g < 3; ++g) {
+#pragma unroll
+    for (int q = 0; q < Q; ++q) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float v = sums[g][q][e];
+        v += __shfl_xor_sync(0xffffffffu, v, 4);
+        v += __shfl_xor_sync(0xffffffffu, v, 8);
+        v += __shfl_xor_sync(0xffffffffu, v, 16);
+        const int64_t j = col + 8 * q + e;
+        if (lane < 4 && j < S) partial[static_cast<int64_t>(blockIdx.y) * S3 + g * S + j] += v;
+      }
+    }
+  }
+}
+
+}  // namespace tc
