@@ -53,13 +53,14 @@ __host__ __device__ inline int local_warps(int64_t S, int Q) {
 }
 
 // The largest S the block-local kernels take: float16 / bfloat16 96, float32
-// (TF32) 64. Per step, on an H200 (T256, B 8 / 64 / 256), against the
-// global-barrier kernels: 16-bit S <= 96 forward 0.36-0.85x, backward
-// 0.46-0.92x; float32 S <= 64 0.40-0.63x and 0.56-0.91x. At S = 128 the
-// block's one chain of dependent work a step (the product, then the cell,
-// for 16 rows and every column) is as long as a step of the global
-// kernels, whose blocks share the columns: 0.83-1.10x forward and
-// 0.91-1.18x backward (16-bit), up to 1.65x backward (float32).
+// (TF32) 64. Per step against the global-barrier kernels, measured in one
+// run (H100, T256, B 8 / 64 / 256): 16-bit S <= 96 forward 0.26-0.81x,
+// backward 0.40-0.84x; float32 S <= 64 0.39-0.62x and 0.52-0.77x. Past
+// that (an H200 run, before the two-step prefetch: 16-bit S = 128 forward
+// 0.83-1.10x, backward 0.91-1.18x; float32 S = 96 backward up to 1.18x)
+// the block's one chain of dependent work a step (the product, then the
+// cell, for 16 rows and every column) is as long as a step of the global
+// kernels, whose blocks share the columns.
 template <typename T>
 constexpr int64_t kLocalMaxS = sizeof(T) == 2 ? 96 : 64;
 
@@ -201,11 +202,13 @@ __global__ void __launch_bounds__(kLocalThreads, 1)
   const Places<Q> at(B, S, r0, ld, warp, lane);
 
   float c_reg[2][Q][2] = {}, b_reg[3][Q][2] = {};
-  // P of (half, q, gate), two columns a register, two steps ahead: p_next
-  // for this step, p_after for the next (a load from global memory takes
-  // longer than a step).
-  Pair<T> p_next[2][Q][3] = {}, p_after[2][Q][3] = {};
-  auto prefetch_p = [&](int64_t t) {
+  // P of (half, q, gate), two columns a register, in two sets: the step
+  // loop runs two steps a turn, step t on set t % 2, whose loads for step
+  // t + 2 it issues once the cell has used it, so every load has two steps
+  // to arrive (a load from global memory takes longer than one; a copy
+  // from set to set would wait for it).
+  Pair<T> p_set[2][2][Q][3] = {};
+  auto prefetch_p = [&](Pair<T>(&p)[2][Q][3], int64_t t) {
     if (t >= steps) return;
     const T* g_t = gates + t * step_gates;
 #pragma unroll
@@ -214,17 +217,7 @@ __global__ void __launch_bounds__(kLocalThreads, 1)
       for (int q = 0; q < Q; ++q) {
         if (!at.ok[half][q]) continue;
 #pragma unroll
-        for (int g = 0; g < 3; ++g) p_after[half][q][g] = load_pair(g_t + at.gate[half][q] + g * S);
-      }
-    }
-  };
-  auto advance_p = [&]() {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-#pragma unroll
-      for (int q = 0; q < Q; ++q) {
-#pragma unroll
-        for (int g = 0; g < 3; ++g) p_next[half][q][g] = p_after[half][q][g];
+        for (int g = 0; g < 3; ++g) p[half][q][g] = load_pair(g_t + at.gate[half][q] + g * S);
       }
     }
   };
@@ -250,22 +243,22 @@ __global__ void __launch_bounds__(kLocalThreads, 1)
         b_reg[g][q][1] = elem_of<T>(b2, 1);
       }
     }
-    prefetch_p(0);
-    advance_p();
-    prefetch_p(1);
+    prefetch_p(p_set[0], 0);
+    prefetch_p(p_set[1], 1);
   }
 
-  T* g_t = gates;
-  T* o_t = outs;
-  T* c_t = cells;
-  for (int64_t t = 0; t < steps; ++t, g_t += step_gates, o_t += step_state, c_t += step_state) {
+  // Step t with P in p; false where a packed run's block is done.
+  auto step = [&](int64_t t, Pair<T>(&p)[2][Q][3]) -> bool {
     const bool last = t == steps - 1;
     const int64_t n = kPacked ? rows_at(bs, B, steps, t) : B;
     const int64_t n_next = kPacked ? rows_at(bs, B, steps, t + 1) : 0;
-    if (kPacked && r0 >= n) break;  // sizes do not increase: this block is done
+    if (kPacked && r0 >= n) return false;  // sizes do not increase: this block is done
     const T* h_read = hbuf + ((t + 1) & 1) * kLocalRows * ld;
     T* h_write = hbuf + (t & 1) * kLocalRows * ld;
     if (owner) {
+      T* g_t = gates + t * step_gates;
+      T* o_t = outs + t * step_state;
+      T* c_t = cells + t * step_state;
       float acc[NT][4];
       const T* ra = h_read + (lane >> 2) * ld;
       local_product<T, NT, 2>(acc, ra, ra + 8 * ld, ld, KC, my_frag);
@@ -278,8 +271,8 @@ __global__ void __launch_bounds__(kLocalThreads, 1)
 #pragma unroll
           for (int g = 0; g < 3; ++g) {
             const Pair<T> packed = pack_rounded<T>(
-                elem_of<T>(p_next[half][q][g], 0) + acc[g * Q + q][2 * half] + b_reg[g][q][0],
-                elem_of<T>(p_next[half][q][g], 1) + acc[g * Q + q][2 * half + 1] + b_reg[g][q][1],
+                elem_of<T>(p[half][q][g], 0) + acc[g * Q + q][2 * half] + b_reg[g][q][0],
+                elem_of<T>(p[half][q][g], 1) + acc[g * Q + q][2 * half + 1] + b_reg[g][q][1],
                 pre[g][0], pre[g][1]);
             store_pair(g_t + at.gate[half][q] + g * S, packed);
           }
@@ -300,10 +293,13 @@ __global__ void __launch_bounds__(kLocalThreads, 1)
           }
         }
       }
-      advance_p();
-      prefetch_p(t + 2);
+      prefetch_p(p, t + 2);
     }
     __syncthreads();  // h_t written before the next step reads it
+    return true;
+  };
+  for (int64_t t = 0; t < steps; t += 2) {
+    if (!step(t, p_set[0]) || t + 1 >= steps || !step(t + 1, p_set[1])) break;
   }
 }
 
@@ -358,13 +354,14 @@ __global__ void __launch_bounds__(kLocalThreads, 1)
   float dc_reg[2][Q][2] = {};
   // Column sums of the block's dG over the chunk (this thread's rows).
   float sums[3][Q][2] = {};
-  // Step t's inputs, two steps ahead (see the forward): grad_outputs[t],
-  // G_t of the three gates, c_{t-1}, two columns a register.
+  // Step t's inputs (grad_outputs[t], G_t of the three gates, c_{t-1}; two
+  // columns a register) in two sets, as the forward's P: step t uses set
+  // (t1 - 1 - t) % 2 and then loads step t - 2 into it.
   struct Inputs {
     Pair<T> go[2][Q], g[2][Q][3], c[2][Q];
   };
-  Inputs in_next = {}, in_after = {};
-  auto prefetch = [&](int64_t t) {
+  Inputs in_set[2] = {};
+  auto prefetch = [&](Inputs& in, int64_t t) {
     if (t < t0) return;
     const T* g_t = gates + t * step_gates;
     const T* c_prev = t ? cells + (t - 1) * step_state : c0;
@@ -374,12 +371,10 @@ __global__ void __launch_bounds__(kLocalThreads, 1)
 #pragma unroll
       for (int q = 0; q < Q; ++q) {
         if (!at.ok[half][q]) continue;
-        in_after.go[half][q] = go_t != nullptr ? load_two(go_t + at.state[half][q]) : Pair<T>{};
+        in.go[half][q] = go_t != nullptr ? load_two(go_t + at.state[half][q]) : Pair<T>{};
 #pragma unroll
-        for (int g = 0; g < 3; ++g) {
-          in_after.g[half][q][g] = load_two(g_t + at.gate[half][q] + g * S);
-        }
-        in_after.c[half][q] = load_two(c_prev + at.state[half][q]);
+        for (int g = 0; g < 3; ++g) in.g[half][q][g] = load_two(g_t + at.gate[half][q] + g * S);
+        in.c[half][q] = load_two(c_prev + at.state[half][q]);
       }
     }
   };
@@ -395,12 +390,11 @@ __global__ void __launch_bounds__(kLocalThreads, 1)
         dc_reg[half][q][1] = elem_of<T>(d2, 1);
       }
     }
-    prefetch(t1 - 1);
-    in_next = in_after;
-    prefetch(t1 - 2);
+    prefetch(in_set[0], t1 - 1);
+    prefetch(in_set[1], t1 - 2);
   }
 
-  for (int64_t t = t1 - 1; t >= t0; --t) {
+  auto step = [&](int64_t t, Inputs& in) {
     const bool last = t == T_ - 1;
     const int64_t n = kPacked ? rows_at(bs, B, T_, t) : B;
     const int64_t n_next = kPacked ? rows_at(bs, B, T_, t + 1) : 0;
@@ -425,13 +419,13 @@ __global__ void __launch_bounds__(kLocalThreads, 1)
           float d[3][2] = {};  // zero past the row's end; its dc held
 #pragma unroll
           for (int e = 0; e < 2 && live; ++e) {
-            float grad_h = acc[q][2 * half + e] + elem_of<T>(in_next.go[half][q], e);
+            float grad_h = acc[q][2 * half + e] + elem_of<T>(in.go[half][q], e);
             if (row_last && ghn != nullptr) grad_h += to_acc(ghn[at.state[half][q] + e]);
             float d_c;
             cell_backward_math<float, MathFor<T>>(
-                grad_h, dc_reg[half][q][e], elem_of<T>(in_next.g[half][q][0], e),
-                elem_of<T>(in_next.g[half][q][1], e), elem_of<T>(in_next.g[half][q][2], e),
-                elem_of<T>(in_next.c[half][q], e), d[0][e], d[1][e], d[2][e], d_c);
+                grad_h, dc_reg[half][q][e], elem_of<T>(in.g[half][q][0], e),
+                elem_of<T>(in.g[half][q][1], e), elem_of<T>(in.g[half][q][2], e),
+                elem_of<T>(in.c[half][q], e), d[0][e], d[1][e], d[2][e], d_c);
             dc_reg[half][q][e] = to_acc(to_storage<T>(d_c));
           }
 #pragma unroll
@@ -445,10 +439,14 @@ __global__ void __launch_bounds__(kLocalThreads, 1)
           }
         }
       }
-      in_next = in_after;
-      prefetch(t - 2);
+      prefetch(in, t - 2);
     }
     __syncthreads();  // dG_t written before the next step reads it
+  };
+  for (int64_t t = t1 - 1; t >= t0; t -= 2) {
+    step(t, in_set[0]);
+    if (t - 1 < t0) break;
+    step(t - 1, in_set[1]);
   }
   if (!owner) return;
   // The chunk's last step is the earliest: its dc is d c_{t0 - 1}.
