@@ -9,9 +9,14 @@ variant switched by its environment variable in one process:
 * clusters (CUDA, sm_90): the tensor-core forward as thread-block clusters
   (``LLTM_OP_SEQUENCE_CLUSTERS=1``, opt-in) against the global-barrier
   kernel (``=0``, the default), forward alone and forward+backward, with
-  nn.LSTM, and whether their outputs are bitwise equal.
+  nn.LSTM, and whether their outputs are bitwise equal;
+* local (CUDA, sm_80+): the block-local tensor-core kernels (the default at
+  S <= 96 in 16-bit types, S <= 64 in float32 on TF32) against the
+  global-barrier ones (``LLTM_OP_SEQUENCE_LOCAL=0``): GPU time of the
+  recurrent kernels alone per step (torch.profiler, the median of the
+  rounds), forward and backward, at T256.
 
-    python bench/bench_lltm_sequence_variants.py [--table inference|clusters] [--repeat N] [--quick]
+    python bench/bench_lltm_sequence_variants.py [--table inference|clusters|local] [--repeat N] [--quick]
 
 F = S throughout. Synchronized wall time per call, median, the variants of a
 size timed in alternating rounds. float32: ours full float32, nn.LSTM at
@@ -31,6 +36,7 @@ from opscommon.bench import interleaved_wall_times_us
 INFERENCE_SIZES = [(64, 8, 128), (64, 64, 256), (64, 256, 512), (256, 64, 512), (1024, 8, 128), (1024, 64, 256)]
 INFERENCE_SIZES += [(1024, 256, 512)]
 CLUSTER_SIZES = [(T, B, S) for T in (1024, 64) for B in (8, 64, 256) for S in (128, 256, 512)]
+LOCAL_SIZES = [(256, B, S) for S in (32, 64, 96) for B in (8, 64, 256)]
 QUICK_SIZES = [(8, 4, 16), (40, 2, 8)]
 
 
@@ -129,9 +135,54 @@ def cluster_table(sizes, dtypes, repeat):
             )
 
 
+def recurrent_kernel_us(fn, steps: int, repeat: int) -> dict[str, float]:
+    """GPU time per step of the sequence's recurrent kernels in one call of
+    fn (forward: "forward_tc", backward: "backward_tc" kernels), median over
+    `repeat` profiled calls."""
+    fn()
+    torch.cuda.synchronize()
+    times = {"forward": [], "backward": []}
+    for _ in range(repeat):
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        for kind in times:
+            us = sum(e.device_time for e in prof.events() if f"{kind}_tc" in e.name and e.device_time > 0)
+            times[kind].append(us / steps)
+    return {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+
+
+def local_table(sizes, repeat):
+    print("| T B S dtype (us a step) | fwd local | fwd global | ratio | bwd local | bwd global | ratio |")
+    print("|---|---|---|---|---|---|---|", flush=True)
+    for T, B, S in sizes:
+        for dtype in (torch.bfloat16, torch.float16, torch.float32):
+            args = make(T, B, S, dtype, "cuda", grad=True)
+
+            def fwd_bwd():
+                out, (h_n, c_n) = lltm_sequence(*args)
+                torch.autograd.grad(out.float().sum() + h_n.float().sum(), args)
+
+            # float32 runs the tensor-core kernels on TF32 only.
+            got = {
+                way: recurrent_kernel_us(with_flags(fwd_bwd, local=flag, tf32=True), T, repeat)
+                for way, flag in (("local", "1"), ("global", "0"))
+            }
+            name = "f32 TF32" if dtype == torch.float32 else str(dtype)[6:]
+            lf, lb = got["local"]["forward"], got["local"]["backward"]
+            gf, gb = got["global"]["forward"], got["global"]["backward"]
+            print(
+                f"| T{T} B{B} S{S} {name} | {lf:.2f} | {gf:.2f} | {lf / gf:.2f}x | {lb:.2f} | {gb:.2f} | "
+                f"{lb / gb:.2f}x |",
+                flush=True,
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--table", choices=["inference", "clusters"], default=None, help="one table (default: both)")
+    parser.add_argument(
+        "--table", choices=["inference", "clusters", "local"], default=None, help="one table (default: all)"
+    )
     parser.add_argument("--repeat", type=int, default=15, help="timed rounds per size")
     parser.add_argument("--quick", action="store_true", help="tiny sizes on the CPU (smoke run)")
     args = parser.parse_args()
@@ -147,6 +198,11 @@ def main() -> None:
             print("clusters: needs a CUDA device of sm_90 or newer (skipped)")
         else:
             cluster_table(CLUSTER_SIZES, [torch.float16, torch.bfloat16], args.repeat)
+    if args.table in (None, "local"):
+        if device != "cuda" or torch.cuda.get_device_capability()[0] < 8:
+            print("local: needs a CUDA device of sm_80 or newer (skipped)")
+        else:
+            local_table(LOCAL_SIZES, min(args.repeat, 5))
 
 
 if __name__ == "__main__":

@@ -54,8 +54,9 @@ __host__ __device__ inline int local_warps(int64_t S, int Q) {
 
 // The largest S the block-local kernels take: float16 / bfloat16 96, float32
 // (TF32) 64. Per step against the global-barrier kernels, measured in one
-// run (H100, T256, B 8 / 64 / 256): 16-bit S <= 96 forward 0.26-0.81x,
-// backward 0.40-0.84x; float32 S <= 64 0.39-0.62x and 0.52-0.77x. Past
+// run (H100, T256, B 8 / 64 / 256; bench_lltm_sequence_variants.py --table
+// local): 16-bit S <= 96 forward 0.26-0.81x, backward 0.42-0.84x; float32
+// S <= 64 0.37-0.62x and 0.52-0.77x. Past
 // that (an H200 run, before the two-step prefetch: 16-bit S = 128 forward
 // 0.83-1.10x, backward 0.91-1.18x; float32 S = 96 backward up to 1.18x)
 // the block's one chain of dependent work a step (the product, then the
