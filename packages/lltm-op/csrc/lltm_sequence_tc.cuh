@@ -173,17 +173,28 @@ __device__ __forceinline__ uint2 make_fragment(int64_t kt, int lane, Fn w) {
   return f;
 }
 
-// Fill the block's weight fragments: fragment (kt, nt) of lane l at
-// frag[(kt * NT + nt) * 32 + l] (see make_fragment); `w(k, nt, n)` returns
-// the bits of one element of tile nt.
+// Fill `slices` slices of weight fragments, one after the other: in slice
+// s, fragment (kt, nt) of lane l at frag[((s * KT + kt) * NT + nt) * 32 + l]
+// (see make_fragment); `w(s, k, nt, n)` returns the bits of one element of
+// tile nt.
 template <typename T, typename Fn>
-__device__ __forceinline__ void load_weights(uint2* frag, int64_t KT, int NT, Fn w) {
-  for (int64_t e = threadIdx.x; e < KT * NT * 32; e += blockDim.x) {
-    const int64_t tile = e / 32;
+__device__ __forceinline__ void load_weight_slices(uint2* frag, int slices, int64_t KT, int NT,
+                                                   Fn w) {
+  const int64_t per_slice = KT * NT * 32;
+  for (int64_t e = threadIdx.x; e < slices * per_slice; e += blockDim.x) {
+    const int slice = static_cast<int>(e / per_slice);
+    const int64_t tile = (e % per_slice) / 32;
     const int nt = static_cast<int>(tile % NT);
     frag[e] = make_fragment<T>(tile / NT, static_cast<int>(e % 32),
-                               [&](int64_t k, int n) { return w(k, nt, n); });
+                               [&](int64_t k, int n) { return w(slice, k, nt, n); });
   }
+}
+
+// The block's one slice of weight fragments (`w(k, nt, n)`), then a barrier.
+template <typename T, typename Fn>
+__device__ __forceinline__ void load_weights(uint2* frag, int64_t KT, int NT, Fn w) {
+  load_weight_slices<T>(frag, 1, KT, NT,
+                        [&](int, int64_t k, int nt, int n) { return w(k, nt, n); });
   __syncthreads();
 }
 
@@ -220,56 +231,52 @@ __device__ __forceinline__ void load_group(uint4 (&v)[G][2], Get& get, int64_t K
   }
 }
 
+// A chunk's first k tile into lo[nt], its second into hi[nt], chunks c ..
+// c + G - 1 (stopping at c1). lo and hi may be the same accumulators (one
+// chain) or apart (two independent chains).
 template <typename T, int NT, int G>
-__device__ __forceinline__ void mma_group(float (&acc)[NT][4], const uint4 (&v)[G][2], int64_t c,
-                                          int64_t c1, const uint2* frag) {
+__device__ __forceinline__ void mma_group(float (&lo)[NT][4], float (&hi)[NT][4],
+                                          const uint4 (&v)[G][2], int64_t c, int64_t c1,
+                                          const uint2* frag) {
   const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int u = 0; u < G; ++u) {
     if (c + u >= c1) break;
-    const uint32_t lo[4] = {v[u][0].x, v[u][1].x, v[u][0].y, v[u][1].y};
-    const uint32_t hi[4] = {v[u][0].z, v[u][1].z, v[u][0].w, v[u][1].w};
+    const uint32_t a_lo[4] = {v[u][0].x, v[u][1].x, v[u][0].y, v[u][1].y};
+    const uint32_t a_hi[4] = {v[u][0].z, v[u][1].z, v[u][0].w, v[u][1].w};
     const uint2* f = frag + (c + u) * 2 * NT * 32 + lane;
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) mma_tile<T>(acc[nt], lo, f[nt * 32]);
+    for (int nt = 0; nt < NT; ++nt) mma_tile<T>(lo[nt], a_lo, f[nt * 32]);
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) mma_tile<T>(acc[nt], hi, f[(NT + nt) * 32]);
+    for (int nt = 0; nt < NT; ++nt) mma_tile<T>(hi[nt], a_hi, f[(NT + nt) * 32]);
   }
 }
 
-// mma_group with a chunk's two k tiles accumulated apart: part[0] the
-// first, part[1] the second (two independent chains).
-template <typename T, int NT, int G>
-__device__ __forceinline__ void mma_group_split(float (&part)[2][NT][4], const uint4 (&v)[G][2],
-                                                int64_t c, int64_t c1, const uint2* frag) {
-  const int lane = threadIdx.x & 31;
-#pragma unroll
-  for (int u = 0; u < G; ++u) {
-    if (c + u >= c1) break;
-    const uint32_t lo[4] = {v[u][0].x, v[u][1].x, v[u][0].y, v[u][1].y};
-    const uint32_t hi[4] = {v[u][0].z, v[u][1].z, v[u][0].w, v[u][1].w};
-    const uint2* f = frag + (c + u) * 2 * NT * 32 + lane;
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) mma_tile<T>(part[0][nt], lo, f[nt * 32]);
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) mma_tile<T>(part[1][nt], hi, f[(NT + nt) * 32]);
-  }
-}
-
-// acc[nt] += A[the thread's rows; chunks c0 .. c1) @ fragments, A read by
-// `get` (see load_group), two groups of G chunks in flight (G = kGroup for
-// L2, whose latency needs more loads in flight than shared memory's).
-template <typename T, int NT, int G = kGroup, typename Get>
-__device__ __forceinline__ void tile_product(float (&acc)[NT][4], Get get, int64_t K, int64_t c0,
-                                             int64_t c1, const uint2* frag) {
+// A[the thread's rows; chunks c0 .. c1) @ fragments, A read by `get` (see
+// load_group), two groups of G chunks in flight (G = kGroup for L2, whose
+// latency needs more loads in flight than shared memory's). The groups
+// alternate: the first's tiles go to a_lo / a_hi, the second's to b_lo /
+// b_hi (see mma_group): up to four independent chains of mma.
+template <typename T, int NT, int G, typename Get>
+__device__ __forceinline__ void tile_product_chains(float (&a_lo)[NT][4], float (&a_hi)[NT][4],
+                                                    float (&b_lo)[NT][4], float (&b_hi)[NT][4],
+                                                    Get get, int64_t K, int64_t c0, int64_t c1,
+                                                    const uint2* frag) {
   uint4 va[G][2], vb[G][2];
   load_group<T>(va, get, K, c0, c1);
   for (int64_t c = c0; c < c1; c += 2 * G) {
     load_group<T>(vb, get, K, c + G, c1);
-    mma_group<T, NT>(acc, va, c, c1, frag);
+    mma_group<T, NT, G>(a_lo, a_hi, va, c, c1, frag);
     load_group<T>(va, get, K, c + 2 * G, c1);
-    mma_group<T, NT>(acc, vb, c + G, c1, frag);
+    mma_group<T, NT, G>(b_lo, b_hi, vb, c + G, c1, frag);
   }
+}
+
+// acc[nt] += the product as one chain per tile.
+template <typename T, int NT, int G = kGroup, typename Get>
+__device__ __forceinline__ void tile_product(float (&acc)[NT][4], Get get, int64_t K, int64_t c0,
+                                             int64_t c1, const uint2* frag) {
+  tile_product_chains<T, NT, G>(acc, acc, acc, acc, get, K, c0, c1, frag);
 }
 
 // A in global memory, row-major, rows 16-byte aligned: rows ra and rb, read
@@ -437,6 +444,81 @@ __device__ __forceinline__ Pair<T> pack_rounded(float a, float b, float& ra, flo
   }
 }
 
+// The two elements at p (see load_two) as floats.
+template <typename T>
+__device__ __forceinline__ void load_floats(const T* p, float (&out)[2]) {
+  const Pair<T> v = load_two(p);
+  out[0] = elem_of<T>(v, 0);
+  out[1] = elem_of<T>(v, 1);
+}
+
+// v summed over the warp's lanes of one lane % 4, which hold the same
+// columns of 8 rows (an accumulator tile's rows lane / 4).
+__device__ __forceinline__ float sum_over_rows(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 4);
+  v += __shfl_xor_sync(0xffffffffu, v, 8);
+  v += __shfl_xor_sync(0xffffffffu, v, 16);
+  return v;
+}
+
+// The forward product's part of a pair, rec[g][e]: the accumulator tile of
+// gate g, columns 8q .. (tiles g * Q + q), row half `half`, column e.
+template <int Q>
+__device__ __forceinline__ void gates_of_pair(const float (&acc)[3 * Q][4], int q, int half,
+                                              float (&rec)[3][2]) {
+#pragma unroll
+  for (int g = 0; g < 3; ++g) {
+    rec[g][0] = acc[g * Q + q][2 * half];
+    rec[g][1] = acc[g * Q + q][2 * half + 1];
+  }
+}
+
+// The forward cell of two neighbouring columns of one row (a pair): gate
+// g's pre-activation p[g] + rec[g] + bias[g], rounded to T, stored at
+// pre + g * S (the backward recomputes from it); the cell from the rounded
+// values and c (updated as stored); h and c packed into hv, cv.
+template <typename T>
+__device__ __forceinline__ void forward_pair(const Pair<T> (&p)[3], const float (&rec)[3][2],
+                                             const float (&bias)[3][2], float (&c)[2], T* pre,
+                                             int64_t S, Pair<T>& hv, Pair<T>& cv) {
+  float x[3][2];
+#pragma unroll
+  for (int g = 0; g < 3; ++g) {
+    store_pair(pre + g * S,
+               pack_rounded<T>(elem_of<T>(p[g], 0) + rec[g][0] + bias[g][0],
+                               elem_of<T>(p[g], 1) + rec[g][1] + bias[g][1], x[g][0], x[g][1]));
+  }
+  float nh[2], nc[2];
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    cell_forward_math<float, MathFor<T>>(x[0][e], x[1][e], x[2][e], c[e], nh[e], nc[e]);
+  }
+  hv = pack_rounded<T>(nh[0], nh[1], nh[0], nh[1]);
+  cv = pack_rounded<T>(nc[0], nc[1], c[0], c[1]);
+}
+
+// The backward cell of a pair: grad_h = rec + go (+ grad_h_n at ghn where
+// not null), d[g] the pre-activation gradients of the three gates (g[g]
+// their pre-activations, c the previous cell state), dc updated (rounded
+// as stored). A row that does not run (!live) gets zero d, its dc held.
+template <typename T>
+__device__ __forceinline__ void backward_pair(bool live, const float (&rec)[2], Pair<T> go,
+                                              const T* ghn, const Pair<T> (&g)[3], Pair<T> c,
+                                              float (&dc)[2], float (&d)[3][2]) {
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    d[0][e] = d[1][e] = d[2][e] = 0.f;
+    if (!live) continue;
+    float grad_h = rec[e] + elem_of<T>(go, e);
+    if (ghn != nullptr) grad_h += to_acc(ghn[e]);
+    float d_c;
+    cell_backward_math<float, MathFor<T>>(grad_h, dc[e], elem_of<T>(g[0], e), elem_of<T>(g[1], e),
+                                          elem_of<T>(g[2], e), elem_of<T>(c, e), d[0][e], d[1][e],
+                                          d[2][e], d_c);
+    dc[e] = to_acc(to_storage<T>(d_c));
+  }
+}
+
 // -- forward --------------------------------------------------------------------------------
 //
 // kPacked (both kernels): bs holds a packed run's batch sizes in device
@@ -481,8 +563,8 @@ __global__ void __launch_bounds__(kTcThreads, 1)
   auto valid = [&](int half, int q) { return row_base + 8 * half < B && col_base + 8 * q < S; };
   auto at = [&](int half, int q) { return (row_base + 8 * half) * S + col_base + 8 * q; };
 
-  float c_reg[Q][2][2] = {}, b_reg[3][Q][2] = {};
-  Pair<T> p_next[3][Q][2] = {};  // P_t of (gate, q, half): two columns
+  float c_reg[Q][2][2] = {}, b_reg[Q][3][2] = {};
+  Pair<T> p_next[Q][2][3] = {};  // P_t of (q, half, gate): two columns
   auto prefetch_p = [&](int64_t t) {
     const T* g_t = gates + t * step_gates;
 #pragma unroll
@@ -492,7 +574,7 @@ __global__ void __launch_bounds__(kTcThreads, 1)
         if (!valid(half, q)) continue;
         const int64_t row = row_base + 8 * half, j = col_base + 8 * q;
 #pragma unroll
-        for (int g = 0; g < 3; ++g) p_next[g][q][half] = load_pair(g_t + row * S3 + g * S + j);
+        for (int g = 0; g < 3; ++g) p_next[q][half][g] = load_pair(g_t + row * S3 + g * S + j);
       }
     }
   };
@@ -501,17 +583,11 @@ __global__ void __launch_bounds__(kTcThreads, 1)
     for (int q = 0; q < Q; ++q) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        if (!valid(half, q)) continue;
-        const Pair<T> c2 = load_two(c0 + at(half, q));
-        c_reg[q][half][0] = elem_of<T>(c2, 0);
-        c_reg[q][half][1] = elem_of<T>(c2, 1);
+        if (valid(half, q)) load_floats(c0 + at(half, q), c_reg[q][half]);
       }
 #pragma unroll
       for (int g = 0; g < 3; ++g) {
-        if (col_base + 8 * q >= S) continue;
-        const Pair<T> b2 = load_two(bias + g * S + col_base + 8 * q);
-        b_reg[g][q][0] = elem_of<T>(b2, 0);
-        b_reg[g][q][1] = elem_of<T>(b2, 1);
+        if (col_base + 8 * q < S) load_floats(bias + g * S + col_base + 8 * q, b_reg[q][g]);
       }
     }
     prefetch_p(0);
@@ -548,23 +624,11 @@ __global__ void __launch_bounds__(kTcThreads, 1)
         for (int q = 0; q < Q; ++q) {
           const int64_t row = row_base + 8 * half, j = col_base + 8 * q, i = row * S + j;
           if (!valid(half, q) || (kPacked && row >= n)) continue;
-          float pre[3][2];
-#pragma unroll
-          for (int g = 0; g < 3; ++g) {
-            const Pair<T> packed = pack_rounded<T>(
-                elem_of<T>(p_next[g][q][half], 0) + acc[g * Q + q][2 * half] + b_reg[g][q][0],
-                elem_of<T>(p_next[g][q][half], 1) + acc[g * Q + q][2 * half + 1] + b_reg[g][q][1],
-                pre[g][0], pre[g][1]);
-            store_pair(g_t + row * S3 + g * S + j, packed);
-          }
-          float nh[2], nc[2];
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            cell_forward_math<float, MathFor<T>>(pre[0][e], pre[1][e], pre[2][e], c_reg[q][half][e],
-                                                 nh[e], nc[e]);
-          }
-          const Pair<T> hv = pack_rounded<T>(nh[0], nh[1], nh[0], nh[1]);
-          const Pair<T> cv = pack_rounded<T>(nc[0], nc[1], c_reg[q][half][0], c_reg[q][half][1]);
+          float rec[3][2];
+          gates_of_pair<Q>(acc, q, half, rec);
+          Pair<T> hv, cv;
+          forward_pair<T>(p_next[q][half], rec, b_reg[q], c_reg[q][half], g_t + row * S3 + j, S, hv,
+                          cv);
           store_pair(outs + t * step_state + i, hv);
           store_pair(cells + t * step_state + i, cv);
           if (kCluster && !last) {
@@ -630,7 +694,7 @@ __global__ void __launch_bounds__(kTcThreads, 1)
   float dc_reg[Q][2][2] = {};
   // Step t's inputs, fetched ahead: grad_outputs[t] (+ grad_h_n at the
   // last step), G_t of the three gates, c_{t-1}; two columns a register.
-  Pair<T> n_go[Q][2] = {}, n_g[3][Q][2] = {}, n_c[Q][2] = {};
+  Pair<T> n_go[Q][2] = {}, n_g[Q][2][3] = {}, n_c[Q][2] = {};
   auto prefetch = [&](int64_t t) {
     const T* g_t = gates + t * step_gates;
     const T* c_prev = t ? cells + (t - 1) * step_state : c0;
@@ -642,7 +706,7 @@ __global__ void __launch_bounds__(kTcThreads, 1)
         const int64_t i = at(half, q), row = row_base + 8 * half, j = col_base + 8 * q;
         n_go[q][half] = go != nullptr ? load_two(go + t * step_state + i) : Pair<T>{};
 #pragma unroll
-        for (int g = 0; g < 3; ++g) n_g[g][q][half] = load_two(g_t + row * S3 + g * S + j);
+        for (int g = 0; g < 3; ++g) n_g[q][half][g] = load_two(g_t + row * S3 + g * S + j);
         n_c[q][half] = load_two(c_prev + i);
       }
     }
@@ -653,10 +717,7 @@ __global__ void __launch_bounds__(kTcThreads, 1)
     for (int half = 0; half < 2; ++half) {
 #pragma unroll
       for (int q = 0; q < Q; ++q) {
-        if (!valid(half, q) || dc_in == nullptr) continue;
-        const Pair<T> d2 = load_two(dc_in + at(half, q));
-        dc_reg[q][half][0] = elem_of<T>(d2, 0);
-        dc_reg[q][half][1] = elem_of<T>(d2, 1);
+        if (valid(half, q) && dc_in != nullptr) load_floats(dc_in + at(half, q), dc_reg[q][half]);
       }
     }
     prefetch(t1 - 1);
@@ -687,18 +748,12 @@ __global__ void __launch_bounds__(kTcThreads, 1)
         for (int q = 0; q < Q; ++q) {
           if (!valid(half, q)) continue;
           const int64_t i = at(half, q), row = row_base + 8 * half, j = col_base + 8 * q;
-          float d[3][2] = {};  // zero past the row's end; its dc held
-#pragma unroll
-          for (int e = 0; e < 2 && (!kPacked || row < n); ++e) {
-            float grad_h = acc[q][2 * half + e] + elem_of<T>(n_go[q][half], e);
-            if ((kPacked ? row >= n_next : last) && ghn != nullptr) grad_h += to_acc(ghn[i + e]);
-            float d_c;
-            cell_backward_math<float, MathFor<T>>(
-                grad_h, dc_reg[q][half][e], elem_of<T>(n_g[0][q][half], e),
-                elem_of<T>(n_g[1][q][half], e), elem_of<T>(n_g[2][q][half], e),
-                elem_of<T>(n_c[q][half], e), d[0][e], d[1][e], d[2][e], d_c);
-            dc_reg[q][half][e] = to_acc(to_storage<T>(d_c));
-          }
+          const bool row_last = kPacked ? row >= n_next : last;
+          const float rec[2] = {acc[q][2 * half], acc[q][2 * half + 1]};
+          float d[3][2];
+          backward_pair<T>(!kPacked || row < n, rec, n_go[q][half],
+                           row_last && ghn != nullptr ? ghn + i : nullptr, n_g[q][half],
+                           n_c[q][half], dc_reg[q][half], d);
 #pragma unroll
           for (int g = 0; g < 3; ++g) {
             float r0v, r1v;
@@ -717,10 +772,7 @@ __global__ void __launch_bounds__(kTcThreads, 1)
         for (int q = 0; q < Q; ++q) {
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            float v = sums[g][q][e];
-            v += __shfl_xor_sync(0xffffffffu, v, 4);
-            v += __shfl_xor_sync(0xffffffffu, v, 8);
-            v += __shfl_xor_sync(0xffffffffu, v, 16);
+            const float v = sum_over_rows(sums[g][q][e]);
             if (lane < 4) bsum[mt * 3 * NJ + g * NJ + 8 * q + 2 * lane + e] = v;
           }
         }

@@ -81,26 +81,19 @@ inline size_t local_backward_smem(int64_t S, int Q) {
          2 * kLocalRows * local_ld<T>(3 * S) * sizeof(T);
 }
 
-// tile_product (A from this block's shared memory, G = kLocalGroup) with the
-// k tiles accumulated in P independent chains (P = 2: the two tiles of a
-// chunk; P = 4: and odd / even groups), summed at the end: a warp owns few
-// columns here (one tile backward), and one chain of dependent mma over the
-// whole K would be most of a step.
+// The product with A from this block's shared memory (G = kLocalGroup),
+// its k tiles in P independent chains (P = 2: the two tiles of a chunk;
+// P = 4: and the two groups, see tile_product_chains), summed at the end:
+// a warp owns few columns here (one tile backward), and one chain of
+// dependent mma over the whole K would be most of a step.
 template <typename T, int NT, int P>
 __device__ __forceinline__ void local_product(float (&acc)[NT][4], const T* ra, const T* rb,
                                               int64_t K, int64_t KC, const uint2* frag) {
   static_assert(P == 2 || P == 4, "two or four chains");
-  constexpr int G = kLocalGroup;
-  const SharedRows<T> get{ra, rb};
   float part[P / 2][2][NT][4] = {};
-  uint4 va[G][2], vb[G][2];
-  load_group<T>(va, get, K, 0, KC);
-  for (int64_t c = 0; c < KC; c += 2 * G) {
-    load_group<T>(vb, get, K, c + G, KC);
-    mma_group_split<T, NT, G>(part[0], va, c, KC, frag);
-    load_group<T>(va, get, K, c + 2 * G, KC);
-    mma_group_split<T, NT, G>(part[P / 2 - 1], vb, c + G, KC, frag);
-  }
+  tile_product_chains<T, NT, kLocalGroup>(part[0][0], part[0][1], part[P / 2 - 1][0],
+                                          part[P / 2 - 1][1], SharedRows<T>{ra, rb}, K, 0, KC,
+                                          frag);
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
@@ -109,22 +102,6 @@ __device__ __forceinline__ void local_product(float (&acc)[NT][4], const T* ra, 
       if constexpr (P == 4) v += part[1][0][nt][e] + part[1][1][nt][e];
       acc[nt][e] = v;
     }
-  }
-}
-
-// Fill the block's weight fragments, warp slice after warp slice (slice w
-// as load_weights lays out one block's, tiles of stride NT);
-// `w(slice, k, nt, n)` returns the bits of one element.
-template <typename T, typename Fn>
-__device__ __forceinline__ void load_weight_slices(uint2* frag, int slices, int64_t KT, int NT,
-                                                   Fn w) {
-  const int64_t per_slice = KT * NT * 32;
-  for (int64_t e = threadIdx.x; e < slices * per_slice; e += blockDim.x) {
-    const int slice = static_cast<int>(e / per_slice);
-    const int64_t tile = (e % per_slice) / 32;
-    const int nt = static_cast<int>(tile % NT);
-    frag[e] = make_fragment<T>(tile / NT, static_cast<int>(e % 32),
-                               [&](int64_t k, int n) { return w(slice, k, nt, n); });
   }
 }
 
@@ -202,7 +179,7 @@ __global__ void __launch_bounds__(kLocalThreads, 1)
   const uint2* my_frag = frag + warp * KT * NT * 32;
   const Places<Q> at(B, S, r0, ld, warp, lane);
 
-  float c_reg[2][Q][2] = {}, b_reg[3][Q][2] = {};
+  float c_reg[2][Q][2] = {}, b_reg[Q][3][2] = {};
   // P of (half, q, gate), two columns a register, in two sets: the step
   // loop runs two steps a turn, step t on set t % 2, whose loads for step
   // t + 2 it issues once the cell has used it, so every load has two steps
@@ -227,10 +204,7 @@ __global__ void __launch_bounds__(kLocalThreads, 1)
     for (int half = 0; half < 2; ++half) {
 #pragma unroll
       for (int q = 0; q < Q; ++q) {
-        if (!at.ok[half][q]) continue;
-        const Pair<T> c2 = load_two(c0 + at.state[half][q]);
-        c_reg[half][q][0] = elem_of<T>(c2, 0);
-        c_reg[half][q][1] = elem_of<T>(c2, 1);
+        if (at.ok[half][q]) load_floats(c0 + at.state[half][q], c_reg[half][q]);
       }
     }
     const int64_t col = 8 * Q * warp + 2 * (lane & 3);
@@ -238,10 +212,7 @@ __global__ void __launch_bounds__(kLocalThreads, 1)
     for (int q = 0; q < Q; ++q) {
 #pragma unroll
       for (int g = 0; g < 3; ++g) {
-        if (col + 8 * q >= S) continue;
-        const Pair<T> b2 = load_two(bias + g * S + col + 8 * q);
-        b_reg[g][q][0] = elem_of<T>(b2, 0);
-        b_reg[g][q][1] = elem_of<T>(b2, 1);
+        if (col + 8 * q < S) load_floats(bias + g * S + col + 8 * q, b_reg[q][g]);
       }
     }
     prefetch_p(p_set[0], 0);
@@ -268,23 +239,11 @@ __global__ void __launch_bounds__(kLocalThreads, 1)
 #pragma unroll
         for (int q = 0; q < Q; ++q) {
           if (!at.ok[half][q] || (kPacked && at.row[half] >= n)) continue;
-          float pre[3][2];
-#pragma unroll
-          for (int g = 0; g < 3; ++g) {
-            const Pair<T> packed = pack_rounded<T>(
-                elem_of<T>(p[half][q][g], 0) + acc[g * Q + q][2 * half] + b_reg[g][q][0],
-                elem_of<T>(p[half][q][g], 1) + acc[g * Q + q][2 * half + 1] + b_reg[g][q][1],
-                pre[g][0], pre[g][1]);
-            store_pair(g_t + at.gate[half][q] + g * S, packed);
-          }
-          float nh[2], nc[2];
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            cell_forward_math<float, MathFor<T>>(pre[0][e], pre[1][e], pre[2][e], c_reg[half][q][e],
-                                                 nh[e], nc[e]);
-          }
-          const Pair<T> hv = pack_rounded<T>(nh[0], nh[1], nh[0], nh[1]);
-          const Pair<T> cv = pack_rounded<T>(nc[0], nc[1], c_reg[half][q][0], c_reg[half][q][1]);
+          float rec[3][2];
+          gates_of_pair<Q>(acc, q, half, rec);
+          Pair<T> hv, cv;
+          forward_pair<T>(p[half][q], rec, b_reg[q], c_reg[half][q], g_t + at.gate[half][q], S, hv,
+                          cv);
           store_pair(o_t + at.state[half][q], hv);
           store_pair(c_t + at.state[half][q], cv);
           store_pair(h_write + at.buf[half][q], hv);
@@ -385,10 +344,8 @@ __global__ void __launch_bounds__(kLocalThreads, 1)
     for (int half = 0; half < 2; ++half) {
 #pragma unroll
       for (int q = 0; q < Q; ++q) {
-        if (!at.ok[half][q] || dc_in == nullptr) continue;
-        const Pair<T> d2 = load_two(dc_in + at.state[half][q]);
-        dc_reg[half][q][0] = elem_of<T>(d2, 0);
-        dc_reg[half][q][1] = elem_of<T>(d2, 1);
+        if (at.ok[half][q] && dc_in != nullptr)
+          load_floats(dc_in + at.state[half][q], dc_reg[half][q]);
       }
     }
     prefetch(in_set[0], t1 - 1);
@@ -417,18 +374,11 @@ __global__ void __launch_bounds__(kLocalThreads, 1)
 #pragma unroll
         for (int q = 0; q < Q; ++q) {
           if (!at.ok[half][q]) continue;
-          float d[3][2] = {};  // zero past the row's end; its dc held
-#pragma unroll
-          for (int e = 0; e < 2 && live; ++e) {
-            float grad_h = acc[q][2 * half + e] + elem_of<T>(in.go[half][q], e);
-            if (row_last && ghn != nullptr) grad_h += to_acc(ghn[at.state[half][q] + e]);
-            float d_c;
-            cell_backward_math<float, MathFor<T>>(
-                grad_h, dc_reg[half][q][e], elem_of<T>(in.g[half][q][0], e),
-                elem_of<T>(in.g[half][q][1], e), elem_of<T>(in.g[half][q][2], e),
-                elem_of<T>(in.c[half][q], e), d[0][e], d[1][e], d[2][e], d_c);
-            dc_reg[half][q][e] = to_acc(to_storage<T>(d_c));
-          }
+          const float rec[2] = {acc[q][2 * half], acc[q][2 * half + 1]};
+          float d[3][2];
+          backward_pair<T>(live, rec, in.go[half][q],
+                           row_last && ghn != nullptr ? ghn + at.state[half][q] : nullptr,
+                           in.g[half][q], in.c[half][q], dc_reg[half][q], d);
 #pragma unroll
           for (int g = 0; g < 3; ++g) {
             float r0v, r1v;
@@ -471,10 +421,7 @@ __global__ void __launch_bounds__(kLocalThreads, 1)
     for (int q = 0; q < Q; ++q) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        float v = sums[g][q][e];
-        v += __shfl_xor_sync(0xffffffffu, v, 4);
-        v += __shfl_xor_sync(0xffffffffu, v, 8);
-        v += __shfl_xor_sync(0xffffffffu, v, 16);
+        const float v = sum_over_rows(sums[g][q][e]);
         const int64_t j = col + 8 * q + e;
         if (lane < 4 && j < S) partial[static_cast<int64_t>(blockIdx.y) * S3 + g * S + j] += v;
       }
