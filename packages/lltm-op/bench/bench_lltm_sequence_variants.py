@@ -36,7 +36,7 @@ from opscommon.bench import interleaved_wall_times_us
 INFERENCE_SIZES = [(64, 8, 128), (64, 64, 256), (64, 256, 512), (256, 64, 512), (1024, 8, 128), (1024, 64, 256)]
 INFERENCE_SIZES += [(1024, 256, 512)]
 CLUSTER_SIZES = [(T, B, S) for T in (1024, 64) for B in (8, 64, 256) for S in (128, 256, 512)]
-LOCAL_SIZES = [(256, B, S) for S in (32, 64, 96) for B in (8, 64, 256)]
+LOCAL_SIZES = [(256, B, S) for S in (32, 64, 96, 128, 256) for B in (8, 64, 256)]
 QUICK_SIZES = [(8, 4, 16), (40, 2, 8)]
 
 

@@ -568,14 +568,25 @@ unsigned int grid_dim(int64_t v, const char* what) {
   return static_cast<unsigned int>(v);
 }
 
-// The tensor-core path's launch: NJ = 8q columns and bm rows a block, grid
-// (ceil(S / NJ), ceil(B / bm)), `smem` bytes of shared memory (the larger of
-// the two kernels').
+// A block-local kernel's launch (lltm_sequence_tc_local.cuh): 16 rows and
+// every column a cluster of grid.x blocks (one block where grid.x is 1) of
+// `threads` threads, grid (grid.x, ceil(B / 16)), `smem` bytes of shared
+// memory a block.
+struct LocalLaunch {
+  bool ok = false;
+  int threads = 0;
+  dim3 grid;
+  size_t smem = 0;
+};
+
+// The tensor-core path (ok): each direction runs the block-local kernel
+// where its launch is ok, the global-barrier kernel otherwise, whose launch
+// is NJ = 8q columns and bm rows a block, grid (ceil(S / NJ), ceil(B / bm)),
+// smem_forward / smem_backward bytes of shared memory.
 struct TcPlan {
   bool ok = false;
-  // The block-local kernels (lltm_sequence_tc_local.cuh): blocks of 16 rows
-  // and every column, grid (1, ceil(B / 16)).
-  bool local = false;
+  LocalLaunch local_forward, local_backward;
+  bool global = false;  // the global-barrier launch below fits
   int q = 0;
   int64_t bm = 0;
   dim3 grid;
@@ -589,15 +600,19 @@ struct TcPlan {
     dim3 grid;
     size_t smem = 0;
   } cluster;
+  // Blocks rows of the backward's grid (rows of its bias-gradient partial sums).
+  int64_t backward_rows() const {
+    return local_backward.ok ? local_backward.grid.y : static_cast<int64_t>(grid.y);
+  }
 };
 
-// The cluster variant's launch of `kernel` (grid.x blocks a cluster).
+// A cluster launch of `kernel` (grid.x blocks a cluster).
 template <typename Kernel>
 cudaLaunchConfig_t cluster_config(Kernel, const dim3& grid, size_t smem, cudaStream_t stream,
-                                  cudaLaunchAttribute* attr) {
+                                  cudaLaunchAttribute* attr, int threads = tc::kTcThreads) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
-  cfg.blockDim = dim3(tc::kTcThreads);
+  cfg.blockDim = dim3(threads);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   attr->id = cudaLaunchAttributeClusterDimension;
@@ -645,6 +660,15 @@ TcPlan::Cluster compute_cluster_plan(int64_t B, int64_t S, int q, int64_t bm, in
 }
 
 template <typename F>
+void with_bool(bool b, F&& f) {
+  if (b) {
+    f(std::true_type{});
+  } else {
+    f(std::false_type{});
+  }
+}
+
+template <typename F>
 void with_q(int q, F&& f) {
   if (q == 1) {
     f(std::integral_constant<int, 1>{});
@@ -686,35 +710,98 @@ int resident_blocks(Kernel kernel, size_t smem, int smem_optin, int threads = tc
 // (3.5 vs 5.1, 3.6 vs 7.5, 3.8 vs 5.0 ms).
 constexpr int64_t kTcMaxStateReread = int64_t(32) << 20;
 
-// The block-local kernels (sm_80+) up to tc::kLocalMaxS, where the whole
-// recurrent matrix fits in one block's shared memory (forward: W_h^T and
-// two state buffers; backward: W_h and two dG buffers) and the ceil(B / 16)
-// blocks fit in one wave. No block waits for another: a step costs a
-// __syncthreads instead of a round trip through L2 and a grid-wide barrier.
+// The block-local kernels (sm_80+; clusters of them on sm_90+) where the
+// whole recurrent matrix fits in the shared memory of one block, or of a
+// cluster of C = 2 to 16 blocks (forward: its slices of W_h^T and two state
+// buffers; backward: of W_h and two dG buffers), and the ceil(B / 16)
+// clusters fit in one wave. No block waits for another cluster: a step
+// costs a __syncthreads (the cluster's barrier) instead of a round trip
+// through L2 and a grid-wide barrier.
+//
+// C: one block up to 8 column tiles (S <= 64; 12 in the 16-bit backward),
+// past that the fewest blocks of at most 4 warps. The cluster's barrier
+// costs about 0.45 us a step more than a __syncthreads (H100, S = 32), so
+// one block is faster while a block's warps are few; past that a block's
+// step (every warp's product, then its cell) grows with its warps, and
+// clusters share them. Up to local_max_s (forward, backward) per dtype,
+// measured against the global-barrier kernels (H100 and H200, T256, B 8 /
+// 64 / 256; bench_lltm_sequence_variants.py --table local).
+// LLTM_OP_SEQUENCE_LOCAL_CLUSTER=C asks for C blocks wherever they fit,
+// past local_max_s too.
+constexpr int kLocalOneBlockTiles = 8;
+constexpr int kLocalClusterWarps = 4;
 template <typename T>
-TcPlan compute_local_plan(const Dims& d, int sms, int optin) {
-  TcPlan plan;
+int64_t local_max_s(bool forward) {
+  if (sizeof(T) == 2) return forward ? 256 : 128;
+  return forward ? 128 : 96;
+}
+
+// Clusters of `kernel` (C blocks of `threads`, `smem` bytes each) resident at
+// once; blocks for C = 1.
+template <typename Kernel>
+int resident_clusters(Kernel kernel, int C, int threads, size_t smem, int optin, int sms) {
+  if (C == 1) return resident_blocks(kernel, smem, optin, threads) * sms;
+  OPSCOMMON_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
+  OPSCOMMON_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t cfg = cluster_config(kernel, dim3(C), smem, nullptr, &attr, threads);
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess) {
+    (void)cudaGetLastError();  // not launchable here
+    return 0;
+  }
+  return clusters;
+}
+
+// The block-local launch of one direction, where it applies.
+template <typename T>
+LocalLaunch compute_local_launch(const Dims& d, int device, int sms, int optin, bool forward) {
+  LocalLaunch launch;
   constexpr int Q = tc::kLocalQ;
-  if (d.S > tc::kLocalMaxS<T>) return plan;
-  const size_t sf = tc::local_forward_smem<T>(d.S, Q), sb = tc::local_backward_smem<T>(d.S, Q);
-  if (sf > static_cast<size_t>(optin) || sb > static_cast<size_t>(optin)) return plan;
   const int64_t gy = (d.B + tc::kLocalRows - 1) / tc::kLocalRows;
   // The kernels' element offsets within a step are int32 (see tc::Places).
-  if (gy > 65535 || d.B * 3 * d.S >= (int64_t(1) << 31)) return plan;
-  constexpr int n = tc::kLocalThreads;
-  const int per_sm =
-      std::min({resident_blocks(tc::forward_tc_local_kernel<T, Q, false>, sf, optin, n),
-                resident_blocks(tc::backward_tc_local_kernel<T, Q, false>, sb, optin, n),
-                resident_blocks(tc::forward_tc_local_kernel<T, Q, true>, sf, optin, n),
-                resident_blocks(tc::backward_tc_local_kernel<T, Q, true>, sb, optin, n)});
-  if (gy > static_cast<int64_t>(per_sm) * sms) return plan;
-  plan.ok = plan.local = true;
-  plan.q = Q;
-  plan.bm = tc::kLocalRows;
-  plan.grid = dim3(1, static_cast<unsigned int>(gy));
-  plan.smem_forward = sf;
-  plan.smem_backward = sb;
-  return plan;
+  if (gy > 65535 || d.B * 3 * d.S >= (int64_t(1) << 31)) return launch;
+  const int64_t want = env_int("LLTM_OP_SEQUENCE_LOCAL_CLUSTER", 0);
+  if (want == 0 && d.S > local_max_s<T>(forward)) return launch;
+  const int max_c = opscommon::compute_capability_major(device) >= 9 ? tc::kLocalMaxCluster : 1;
+  const int tiles = tc::local_tiles(d.S, Q);
+  // Without clusters (sm_80 to sm_89), and for the 16-bit backward, one
+  // block up to S = 96 (16-bit) / 64 (float32): at S = 96 on an H100, 0.64-
+  // 0.81x the global-barrier kernels' step, and the 16-bit backward 0.90x
+  // a cluster of 4 at B 64 and 256 (the same at B8).
+  const int one_block_tiles = (max_c == 1 || !forward) && sizeof(T) == 2 ? 12 : kLocalOneBlockTiles;
+  for (int C = 1; C <= max_c; C *= 2) {
+    const int warps = tc::local_block_tiles(d.S, Q, C);
+    if (warps > tc::kLocalMaxWarps) continue;
+    if (want > 0 ? C != want : (C == 1 ? tiles > one_block_tiles : warps > kLocalClusterWarps)) {
+      continue;
+    }
+    const size_t smem =
+        forward ? tc::local_forward_smem<T>(d.S, Q, C) : tc::local_backward_smem<T>(d.S, Q, C);
+    if (smem > static_cast<size_t>(optin)) return launch;
+    const int n = 32 * warps;
+    auto resident = [&](auto whole, auto packed) {
+      return std::min(resident_clusters(whole, C, n, smem, optin, sms),
+                      resident_clusters(packed, C, n, smem, optin, sms));
+    };
+    int clusters = 0;
+    with_bool(C > 1, [&](auto kc) {
+      constexpr bool kCluster = decltype(kc)::value;
+      clusters = forward ? resident(tc::forward_tc_local_kernel<T, Q, false, kCluster>,
+                                    tc::forward_tc_local_kernel<T, Q, true, kCluster>)
+                         : resident(tc::backward_tc_local_kernel<T, Q, false, kCluster>,
+                                    tc::backward_tc_local_kernel<T, Q, true, kCluster>);
+    });
+    if (gy > clusters) return launch;
+    launch.ok = true;
+    launch.threads = n;
+    launch.grid = dim3(static_cast<unsigned int>(C), static_cast<unsigned int>(gy));
+    launch.smem = smem;
+    return launch;
+  }
+  return launch;
 }
 
 template <typename T>
@@ -728,7 +815,8 @@ TcPlan compute_tc_plan(const Dims& d, int device, bool local) {
   const int sms = opscommon::multiprocessor_count(device);
   const int optin = opscommon::device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(device);
   if (local) {
-    if (TcPlan p = compute_local_plan<T>(d, sms, optin); p.ok) return p;
+    best.local_forward = compute_local_launch<T>(d, device, sms, optin, true);
+    best.local_backward = compute_local_launch<T>(d, device, sms, optin, false);
   }
   int64_t best_blocks = 0;
   for (int q : {1, 2, 4}) {
@@ -752,7 +840,7 @@ TcPlan compute_tc_plan(const Dims& d, int device, bool local) {
       if (gy > 65535 || blocks > static_cast<int64_t>(per_sm) * sms) continue;
       if (blocks > best_blocks || (blocks == best_blocks && q > best.q)) {
         best_blocks = blocks;
-        best.ok = true;
+        best.global = true;
         best.q = q;
         best.bm = bm;
         best.grid = dim3(static_cast<unsigned int>(gx), static_cast<unsigned int>(gy));
@@ -761,7 +849,10 @@ TcPlan compute_tc_plan(const Dims& d, int device, bool local) {
       }
     }
   }
-  if (best.ok) best.cluster = compute_cluster_plan<T>(d.B, d.S, best.q, best.bm, device, optin);
+  if (best.global) {
+    best.cluster = compute_cluster_plan<T>(d.B, d.S, best.q, best.bm, device, optin);
+  }
+  best.ok = best.global || (best.local_forward.ok && best.local_backward.ok);
   return best;
 }
 
@@ -780,20 +871,22 @@ TcPlan tc_plan(const Tensor& like, const Dims& d) {
   // LLTM_OP_SEQUENCE_LOCAL=0: the global-barrier kernels where the
   // block-local ones would run.
   const bool local = env_int("LLTM_OP_SEQUENCE_LOCAL", 1) != 0;
+  const int64_t cluster = env_int("LLTM_OP_SEQUENCE_LOCAL_CLUSTER", 0);
   struct Key {
     int device;
     ST st;
     int64_t B, S;
     bool local;
+    int64_t cluster;
   };
   thread_local std::optional<Key> key;
   thread_local TcPlan plan;
   if (!key || key->device != device || key->st != st || key->B != d.B || key->S != d.S ||
-      key->local != local) {
+      key->local != local || key->cluster != cluster) {
     plan = st == ST::Half       ? compute_tc_plan<opscommon::Half>(d, device, local)
            : st == ST::BFloat16 ? compute_tc_plan<opscommon::BFloat16>(d, device, local)
                                 : compute_tc_plan<float>(d, device, local);
-    key = Key{device, st, d.B, d.S, local};
+    key = Key{device, st, d.B, d.S, local, cluster};
   }
   return plan;
 }
@@ -856,6 +949,25 @@ struct CudaDev {
                 grid_dim(fused_block_rows(B), "the batch"));
   }
 
+  // A block-local kernel's launch: clusters of l.grid.x blocks where that is
+  // more than one.
+  template <typename Kernel, typename... Args>
+  static void launch_local(Kernel kernel, const LocalLaunch& l, int optin, cudaStream_t stream,
+                           Args... args) {
+    OPSCOMMON_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
+    if (l.grid.x == 1) {
+      kernel<<<l.grid, l.threads, l.smem, stream>>>(args...);
+      OPSCOMMON_CUDA_CHECK_LAUNCH();
+      return;
+    }
+    OPSCOMMON_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    cudaLaunchAttribute attr;
+    const cudaLaunchConfig_t cfg = cluster_config(kernel, l.grid, l.smem, stream, &attr, l.threads);
+    OPSCOMMON_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, args...));
+  }
+
   static bool forward_steps_local(const Tensor& like, const ForwardSteps& a, const TcPlan& p) {
     const int device = like.get_device();
     const cudaStream_t stream = opscommon::current_stream(device);
@@ -866,16 +978,17 @@ struct CudaDev {
       using T = decltype(tag);
       if constexpr (!std::is_same_v<T, double>) {
         constexpr int Q = tc::kLocalQ;
-        auto kernel = a.batch_sizes != nullptr ? tc::forward_tc_local_kernel<T, Q, true>
-                                               : tc::forward_tc_local_kernel<T, Q, false>;
-        OPSCOMMON_CUDA_CHECK(
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
-        kernel<<<p.grid, tc::kLocalThreads, p.smem_forward, stream>>>(
-            a.T, a.B, a.S, static_cast<T*>(f.gates), static_cast<const T*>(f.bias),
-            static_cast<const T*>(f.h_prev), static_cast<const T*>(f.w_hT),
-            static_cast<const T*>(f.c_prev), static_cast<T*>(f.h), static_cast<T*>(f.c),
-            static_cast<T*>(a.h_n), static_cast<T*>(a.c_n), ptr_of(bs));
-        OPSCOMMON_CUDA_CHECK_LAUNCH();
+        with_bool(p.local_forward.grid.x > 1, [&](auto kc) {
+          constexpr bool kCluster = decltype(kc)::value;
+          auto kernel = a.batch_sizes != nullptr
+                            ? tc::forward_tc_local_kernel<T, Q, true, kCluster>
+                            : tc::forward_tc_local_kernel<T, Q, false, kCluster>;
+          launch_local(kernel, p.local_forward, optin, stream, a.T, a.B, a.S,
+                       static_cast<T*>(f.gates), static_cast<const T*>(f.bias),
+                       static_cast<const T*>(f.h_prev), static_cast<const T*>(f.w_hT),
+                       static_cast<const T*>(f.c_prev), static_cast<T*>(f.h), static_cast<T*>(f.c),
+                       static_cast<T*>(a.h_n), static_cast<T*>(a.c_n), ptr_of(bs));
+        });
       }
     });
     return true;
@@ -890,24 +1003,26 @@ struct CudaDev {
       using T = decltype(tag);
       if constexpr (!std::is_same_v<T, double>) {
         constexpr int Q = tc::kLocalQ;
-        auto kernel = a.batch_sizes != nullptr ? tc::backward_tc_local_kernel<T, Q, true>
-                                               : tc::backward_tc_local_kernel<T, Q, false>;
-        OPSCOMMON_CUDA_CHECK(
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
-        kernel<<<p.grid, tc::kLocalThreads, p.smem_backward, stream>>>(
-            a.T, a.t0, a.t1, a.K, a.B, a.S, static_cast<const T*>(a.grad_outputs),
-            static_cast<const T*>(a.grad_h_n), static_cast<const T*>(a.grad_c_n),
-            static_cast<T*>(a.dG), static_cast<const T*>(a.w_h), a.w_ld, static_cast<T*>(a.dc),
-            static_cast<const T*>(a.gates), static_cast<const T*>(a.cells),
-            static_cast<const T*>(a.c0), static_cast<float*>(a.bias_partial), ptr_of(bs));
-        OPSCOMMON_CUDA_CHECK_LAUNCH();
+        with_bool(p.local_backward.grid.x > 1, [&](auto kc) {
+          constexpr bool kCluster = decltype(kc)::value;
+          auto kernel = a.batch_sizes != nullptr
+                            ? tc::backward_tc_local_kernel<T, Q, true, kCluster>
+                            : tc::backward_tc_local_kernel<T, Q, false, kCluster>;
+          launch_local(kernel, p.local_backward, optin, stream, a.T, a.t0, a.t1, a.K, a.B, a.S,
+                       static_cast<const T*>(a.grad_outputs), static_cast<const T*>(a.grad_h_n),
+                       static_cast<const T*>(a.grad_c_n), static_cast<T*>(a.dG),
+                       static_cast<const T*>(a.w_h), a.w_ld, static_cast<T*>(a.dc),
+                       static_cast<const T*>(a.gates), static_cast<const T*>(a.cells),
+                       static_cast<const T*>(a.c0), static_cast<float*>(a.bias_partial),
+                       ptr_of(bs));
+        });
       }
     });
     return true;
   }
 
   static bool forward_steps_tc(const Tensor& like, const ForwardSteps& a, const TcPlan& p) {
-    if (p.local) return forward_steps_local(like, a, p);
+    if (p.local_forward.ok) return forward_steps_local(like, a, p);
     const int device = like.get_device();
     const cudaStream_t stream = opscommon::current_stream(device);
     const int optin = opscommon::device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(device);
@@ -976,7 +1091,7 @@ struct CudaDev {
   }
 
   static bool backward_steps_tc(const Tensor& like, const BackwardSteps& a, const TcPlan& p) {
-    if (p.local) return backward_steps_local(like, a, p);
+    if (p.local_backward.ok) return backward_steps_local(like, a, p);
     const int device = like.get_device();
     const cudaStream_t stream = opscommon::current_stream(device);
     const int optin = opscommon::device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(device);
@@ -1115,7 +1230,7 @@ struct CudaDev {
 
   static Tensor bias_partial(const Tensor& like, const Dims& d, bool fused) {
     const TcPlan tc = fused ? tc_plan(like, d) : TcPlan{};
-    const int64_t rows = tc.ok   ? static_cast<int64_t>(tc.grid.y)
+    const int64_t rows = tc.ok   ? tc.backward_rows()
                          : fused ? fused_block_rows(d.B)
                                  : backward_block_rows(d.B, d.S, like.get_device());
     const int32_t acc_dtype = like.scalar_type() == torch::headeronly::ScalarType::Double

@@ -23,7 +23,8 @@
 //   gates;
 // * the blocks of a batch block meet at a barrier between steps (row_barrier).
 //
-// Same arithmetic contract as the other paths: float32 products and cell,
+// Same arithmetic contract as the other paths: float32 products and cell
+// (the cell on the hardware exp2 and reciprocal in every dtype: TcMath),
 // the pre-activation rounded to the storage type before the cell (what the
 // backward recomputes from), bias gradient summed per block row in a fixed
 // order (deterministic).
@@ -315,11 +316,23 @@ __device__ __forceinline__ uint32_t shared_address(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// 16 bytes at shared-memory address `addr` of the cluster's block `rank`.
-__device__ __forceinline__ uint4 load_cluster_v4(uint32_t addr, uint32_t rank) {
+// The address in the cluster's shared memory window of this block's
+// shared-memory address `addr` in the cluster's block `rank`.
+__device__ __forceinline__ uint32_t cluster_address(uint32_t addr, uint32_t rank) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   uint32_t remote;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
+  return remote;
+#else
+  __trap();  // never launched below sm_90 (the host checks the device)
+  return 0;
+#endif
+}
+
+// 16 bytes at shared-memory address `addr` of the cluster's block `rank`.
+__device__ __forceinline__ uint4 load_cluster_v4(uint32_t addr, uint32_t rank) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const uint32_t remote = cluster_address(addr, rank);
   uint4 v;
   asm volatile("ld.shared::cluster.v4.u32 {%0, %1, %2, %3}, [%4];"
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
@@ -473,25 +486,31 @@ __device__ __forceinline__ void gates_of_pair(const float (&acc)[3 * Q][4], int 
   }
 }
 
+// The cell's math in these kernels: the hardware exp2 and reciprocal
+// (FastMath) in every dtype. float32 here is on TF32 tensor cores, whose
+// products carry about 1e-3 relative error: the cell's 1e-6 from FastMath
+// is nothing beside it, and the C library's expf / tanhf made the float32
+// cell several times longer than the 16-bit types', on every step's chain.
+using TcMath = FastMath;
+
 // The forward cell of two neighbouring columns of one row (a pair): gate
-// g's pre-activation p[g] + rec[g] + bias[g], rounded to T, stored at
-// pre + g * S (the backward recomputes from it); the cell from the rounded
+// g's pre-activation p[g] + rec[g] + bias[g], rounded to T, packed into
+// pre[g] (what the backward recomputes from); the cell from the rounded
 // values and c (updated as stored); h and c packed into hv, cv.
 template <typename T>
 __device__ __forceinline__ void forward_pair(const Pair<T> (&p)[3], const float (&rec)[3][2],
-                                             const float (&bias)[3][2], float (&c)[2], T* pre,
-                                             int64_t S, Pair<T>& hv, Pair<T>& cv) {
+                                             const float (&bias)[3][2], float (&c)[2],
+                                             Pair<T> (&pre)[3], Pair<T>& hv, Pair<T>& cv) {
   float x[3][2];
 #pragma unroll
   for (int g = 0; g < 3; ++g) {
-    store_pair(pre + g * S,
-               pack_rounded<T>(elem_of<T>(p[g], 0) + rec[g][0] + bias[g][0],
-                               elem_of<T>(p[g], 1) + rec[g][1] + bias[g][1], x[g][0], x[g][1]));
+    pre[g] = pack_rounded<T>(elem_of<T>(p[g], 0) + rec[g][0] + bias[g][0],
+                             elem_of<T>(p[g], 1) + rec[g][1] + bias[g][1], x[g][0], x[g][1]);
   }
   float nh[2], nc[2];
 #pragma unroll
   for (int e = 0; e < 2; ++e) {
-    cell_forward_math<float, MathFor<T>>(x[0][e], x[1][e], x[2][e], c[e], nh[e], nc[e]);
+    cell_forward_math<float, TcMath>(x[0][e], x[1][e], x[2][e], c[e], nh[e], nc[e]);
   }
   hv = pack_rounded<T>(nh[0], nh[1], nh[0], nh[1]);
   cv = pack_rounded<T>(nc[0], nc[1], c[0], c[1]);
@@ -512,9 +531,9 @@ __device__ __forceinline__ void backward_pair(bool live, const float (&rec)[2], 
     float grad_h = rec[e] + elem_of<T>(go, e);
     if (ghn != nullptr) grad_h += to_acc(ghn[e]);
     float d_c;
-    cell_backward_math<float, MathFor<T>>(grad_h, dc[e], elem_of<T>(g[0], e), elem_of<T>(g[1], e),
-                                          elem_of<T>(g[2], e), elem_of<T>(c, e), d[0][e], d[1][e],
-                                          d[2][e], d_c);
+    cell_backward_math<float, TcMath>(grad_h, dc[e], elem_of<T>(g[0], e), elem_of<T>(g[1], e),
+                                      elem_of<T>(g[2], e), elem_of<T>(c, e), d[0][e], d[1][e],
+                                      d[2][e], d_c);
     dc[e] = to_acc(to_storage<T>(d_c));
   }
 }
@@ -626,9 +645,10 @@ __global__ void __launch_bounds__(kTcThreads, 1)
           if (!valid(half, q) || (kPacked && row >= n)) continue;
           float rec[3][2];
           gates_of_pair<Q>(acc, q, half, rec);
-          Pair<T> hv, cv;
-          forward_pair<T>(p_next[q][half], rec, b_reg[q], c_reg[q][half], g_t + row * S3 + j, S, hv,
-                          cv);
+          Pair<T> pre[3], hv, cv;
+          forward_pair<T>(p_next[q][half], rec, b_reg[q], c_reg[q][half], pre, hv, cv);
+#pragma unroll
+          for (int g = 0; g < 3; ++g) store_pair(g_t + row * S3 + g * S + j, pre[g]);
           store_pair(outs + t * step_state + i, hv);
           store_pair(cells + t * step_state + i, cv);
           if (kCluster && !last) {

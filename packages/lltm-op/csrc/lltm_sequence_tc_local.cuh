@@ -1,39 +1,44 @@
 // lltm_op: the block-local tensor-core kernels of the LLTM sequence (sm_80+),
-// for small state sizes (S up to 96 in 16-bit types, 64 in float32 on
-// TF32; see kLocalMaxS), whose whole recurrent matrix fits in one block's
-// shared memory.
+// for state sizes whose recurrent matrix fits in the shared memory of one
+// block or of one thread block cluster (sm_90; see compute_local_launch).
 // Included by lltm_sequence_cuda.cu after lltm_sequence_tc.cuh, whose
 // fragments, loads and cell helpers they use.
 //
-// A block owns 16 batch rows and ALL state columns, so no step waits for
-// another block: the recurrent state of its rows (h forward, dG backward)
-// stays in its shared memory, and the steps are separated by __syncthreads
+// A block (or a cluster of C blocks) owns 16 batch rows and ALL state
+// columns, so no step waits for any other block (cluster): the recurrent
+// state of its rows (h forward, dG backward) stays in shared memory, and
+// the steps are separated by __syncthreads (the cluster's hardware barrier)
 // alone. The global-barrier kernels spend most of a step at small sizes on
 // what this removes: the state's round trip through L2 and the grid-wide
 // barrier (a release, an atomic and a poll of global memory). Blocks are
 // independent, so they need not all be resident at once; the plan still
 // asks for one wave (see compute_tc_plan).
 //
-// Warp w owns the state columns 8 Q w .. 8 Q w + 8 Q - 1 (forward: their
-// three gates' columns of W_h^T, K = S; backward: those columns of W_h,
-// K = 3S): its weight fragments are a contiguous slice of shared memory,
-// laid out as a global-barrier block's of the same Q. Each thread owns the
-// accumulator elements at rows lane / 4 and + 8, columns 2 (lane % 4) +
-// {0, 1} of each 8-column group, for all three gates: the cell runs in
-// registers, as in the global-barrier kernels, with the same arithmetic
-// (float32 products and cell, pre-activations rounded to the storage type).
+// The state columns are tiles of 8 Q; block `rank` of a cluster owns tiles
+// rank * n .. rank * n + n - 1 (n = local_block_tiles), one a warp: warp w
+// owns the state columns of tile rank * n + w (forward: their three gates'
+// columns of W_h^T, K = S; backward: those columns of W_h, K = 3S), its
+// weight fragments a contiguous slice of shared memory, laid out as a
+// global-barrier block's of the same Q. Every block keeps the whole state
+// rows: a block writes its columns of a step's state to its own buffer and
+// to the other blocks' (distributed shared memory), before the barrier that
+// ends the step. Each thread owns the accumulator elements at rows lane / 4
+// and + 8, columns 2 (lane % 4) + {0, 1} of each 8-column group, for all
+// three gates: the cell runs in registers, as in the global-barrier kernels,
+// with the same arithmetic (float32 products and cell, pre-activations
+// rounded to the storage type).
 #pragma once
 
 namespace tc {
 
-constexpr int64_t kLocalRows = 16;  // batch rows a block
-// 16 warps: a step is a short chain of dependent instructions per warp (the
-// product, then the cell); four warps a scheduler hide more of its latency
-// than two (measured on an H200: with 8 warps a scheduler issued on 44% of
-// the cycles).
-constexpr int kLocalWarps = 16;
-constexpr int kLocalThreads = 32 * kLocalWarps;
+constexpr int64_t kLocalRows = 16;  // batch rows a block (cluster)
+// At most 16 warps (column tiles) a block: the launch bound. The rule
+// (compute_local_launch) gives one block up to 12, a cluster's blocks 4.
+constexpr int kLocalMaxWarps = 16;
+constexpr int kLocalMaxThreads = 32 * kLocalMaxWarps;
 constexpr int kLocalGroup = 2;  // chunks of A in flight (shared memory: short latency)
+// Blocks a cluster: sm_90 allows up to 16 (8 portably).
+constexpr int kLocalMaxCluster = 16;
 
 // Row stride (elements) of a [16, K] state buffer in shared memory: K
 // rounded up to whole chunks (the product reads whole chunks; the padding
@@ -47,38 +52,59 @@ __host__ __device__ inline int64_t local_ld(int64_t K) {
   return padded / static_cast<int64_t>(sizeof(T));
 }
 
-// Warps holding weights: ceil(ceil(S / 8) / Q).
-__host__ __device__ inline int local_warps(int64_t S, int Q) {
+// Column tiles of 8 Q columns: ceil(ceil(S / 8) / Q); a block's share of
+// them over C blocks (its warps).
+__host__ __device__ inline int local_tiles(int64_t S, int Q) {
   return static_cast<int>(((S + 7) / 8 + Q - 1) / Q);
 }
+__host__ __device__ inline int local_block_tiles(int64_t S, int Q, int C) {
+  return (local_tiles(S, Q) + C - 1) / C;
+}
 
-// The largest S the block-local kernels take: float16 / bfloat16 96, float32
-// (TF32) 64. Per step against the global-barrier kernels, measured in one
-// run (H100, T256, B 8 / 64 / 256; bench_lltm_sequence_variants.py --table
-// local): 16-bit S <= 96 forward 0.26-0.81x, backward 0.42-0.84x; float32
-// S <= 64 0.37-0.62x and 0.52-0.77x. Past
-// that (an H200 run, before the two-step prefetch: 16-bit S = 128 forward
-// 0.83-1.10x, backward 0.91-1.18x; float32 S = 96 backward up to 1.18x)
-// the block's one chain of dependent work a step (the product, then the
-// cell, for 16 rows and every column) is as long as a step of the global
-// kernels, whose blocks share the columns.
-template <typename T>
-constexpr int64_t kLocalMaxS = sizeof(T) == 2 ? 96 : 64;
-
-// One 8-column tile a warp: 16 warps cover 128 columns, more than kLocalMaxS.
+// One 8-column tile a warp.
 constexpr int kLocalQ = 1;
-static_assert(8 * kLocalQ * kLocalWarps >= 96, "the warps cover kLocalMaxS columns");
 
 template <typename T>
-inline size_t local_forward_smem(int64_t S, int Q) {
-  return local_warps(S, Q) * weight_bytes(k_tiles<T>(S), 3 * Q) +
+inline size_t local_forward_smem(int64_t S, int Q, int C) {
+  return local_block_tiles(S, Q, C) * weight_bytes(k_tiles<T>(S), 3 * Q) +
          2 * kLocalRows * local_ld<T>(S) * sizeof(T);
 }
 // Two dG buffers: the step's and the next's.
 template <typename T>
-inline size_t local_backward_smem(int64_t S, int Q) {
-  return local_warps(S, Q) * weight_bytes(k_tiles<T>(3 * S), Q) +
+inline size_t local_backward_smem(int64_t S, int Q, int C) {
+  return local_block_tiles(S, Q, C) * weight_bytes(k_tiles<T>(3 * S), Q) +
          2 * kLocalRows * local_ld<T>(3 * S) * sizeof(T);
+}
+
+// The state written before it visible to every warp of the block (the
+// cluster), every warp done with what it read before.
+template <bool kCluster>
+__device__ __forceinline__ void local_barrier() {
+  if constexpr (kCluster) {
+    cluster_barrier();
+  } else {
+    __syncthreads();
+  }
+}
+
+// v stored at the shared-memory address `addr` of the cluster's C - 1
+// other blocks (this one is `rank`).
+template <typename T>
+__device__ __forceinline__ void store_pair_peers(uint32_t addr, Pair<T> v, int rank, int C) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  for (int i = 1; i < C; ++i) {
+    const int r = rank + i < C ? rank + i : rank + i - C;
+    const uint32_t remote = cluster_address(addr, static_cast<uint32_t>(r));
+    if constexpr (sizeof(T) == 4) {
+      asm volatile("st.shared::cluster.v2.f32 [%0], {%1, %2};" ::"r"(remote), "f"(v.x), "f"(v.y)
+                   : "memory");
+    } else {
+      asm volatile("st.shared::cluster.u32 [%0], %1;" ::"r"(remote), "r"(v) : "memory");
+    }
+  }
+#else
+  __trap();  // never launched below sm_90 (the host checks the device)
+#endif
 }
 
 // The product with A from this block's shared memory (G = kLocalGroup),
@@ -113,18 +139,20 @@ __device__ __forceinline__ void zero_shared(T* p, int64_t count) {
 
 // -- per-thread places ----------------------------------------------------------------------
 //
-// What a thread owns, fixed for the launch: element offsets (int32: a block
-// row's element offsets are below 2^31, as the plan's grid bounds B) of
-// its pairs (half, q) in a step's state ([B, S]), gates ([B, 3S]) and the
-// block's shared state buffer, and whether the pair is in the matrix.
+// What a thread of column tile `tile` owns, fixed for the launch: element
+// offsets (int32: a block row's element offsets are below 2^31, as the
+// plan's grid bounds B) of its pairs (half, q) in a step's state ([B, S]),
+// gates ([B, 3S]) and the block's shared state buffer, and whether the pair
+// is in the matrix.
 template <int Q>
 struct Places {
   int state[2][Q], gate[2][Q], buf[2][Q];
   bool ok[2][Q];
   int64_t row[2];
-  __device__ __forceinline__ Places(int64_t B, int64_t S, int64_t r0, int64_t ld_buf, int warp,
+  int64_t col;  // the first column of the thread's first pair
+  __device__ __forceinline__ Places(int64_t B, int64_t S, int64_t r0, int64_t ld_buf, int tile,
                                     int lane) {
-    const int64_t col = 8 * Q * warp + 2 * (lane & 3);
+    col = 8 * Q * tile + 2 * (lane & 3);
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       row[half] = r0 + (lane >> 2) + 8 * half;
@@ -143,9 +171,10 @@ struct Places {
 // -- forward --------------------------------------------------------------------------------
 //
 // kPacked as in forward_tc_kernel: a row runs while it is below the step's
-// batch size and writes h_n / c_n at its own last step.
-template <typename T, int Q, bool kPacked>
-__global__ void __launch_bounds__(kLocalThreads, 1)
+// batch size and writes h_n / c_n at its own last step. The grid is (C,
+// ceil(B / 16)); kCluster: C > 1, its rows' C blocks one cluster (sm_90).
+template <typename T, int Q, bool kPacked, bool kCluster>
+__global__ void __launch_bounds__(kLocalMaxThreads, 1)
     forward_tc_local_kernel(int64_t steps, int64_t B, int64_t S, T* gates, const T* bias,
                             const T* h0, const T* w_hT, const T* c0, T* outs, T* cells, T* h_n,
                             T* c_n, const int64_t* bs) {
@@ -153,15 +182,17 @@ __global__ void __launch_bounds__(kLocalThreads, 1)
   extern __shared__ __align__(16) unsigned char smem[];
   const int64_t KC = (S + kChunk<T> - 1) / kChunk<T>, KT = 2 * KC;
   const int64_t ld = local_ld<T>(S);
-  const int slices = local_warps(S, Q);
+  const int C = static_cast<int>(gridDim.x), rank = static_cast<int>(blockIdx.x);
+  const int per_block = local_block_tiles(S, Q, C), first = rank * per_block;
+  const int slices = std::max(0, std::min(per_block, local_tiles(S, Q) - first));
   uint2* frag = reinterpret_cast<uint2*>(smem);
-  // h of the block's rows, two buffers: step t reads (t + 1) % 2 (h_{t-1})
-  // and writes t % 2.
-  T* hbuf = reinterpret_cast<T*>(smem + slices * weight_bytes(KT, NT));
+  // h of the rows, two buffers: step t reads (t + 1) % 2 (h_{t-1}) and
+  // writes t % 2.
+  T* hbuf = reinterpret_cast<T*>(smem + per_block * weight_bytes(KT, NT));
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kLocalRows;
-  // Slice w, tile nt = g * Q + q: gate g, columns 8 (Q w + q) .. + 7.
+  // Slice w, tile nt = g * Q + q: gate g, columns 8 (Q (first + w) + q) .. + 7.
   load_weight_slices<T>(frag, slices, KT, NT, [&](int w, int64_t k, int nt, int n) -> uint32_t {
-    const int64_t j = 8 * (Q * w + nt % Q) + n;
+    const int64_t j = 8 * (Q * (first + w) + nt % Q) + n;
     if (k >= S || j >= S) return 0;
     return bits_of(w_hT[k * 3 * S + (nt / Q) * S + j]);
   });
@@ -171,13 +202,14 @@ __global__ void __launch_bounds__(kLocalThreads, 1)
     const int64_t r = e / S, k = e % S;
     if (r0 + r < B) hbuf[(kLocalRows + r) * ld + k] = h0[(r0 + r) * S + k];
   }
-  __syncthreads();
+  local_barrier<kCluster>();  // the cluster's buffers are ready before step 0 writes them
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t step_gates = B * 3 * S, step_state = B * S;
   const bool owner = warp < slices;
   const uint2* my_frag = frag + warp * KT * NT * 32;
-  const Places<Q> at(B, S, r0, ld, warp, lane);
+  const Places<Q> at(B, S, r0, ld, first + warp, lane);
+  const uint32_t h_shared = shared_address(hbuf);
 
   float c_reg[2][Q][2] = {}, b_reg[Q][3][2] = {};
   // P of (half, q, gate), two columns a register, in two sets: the step
@@ -207,12 +239,11 @@ __global__ void __launch_bounds__(kLocalThreads, 1)
         if (at.ok[half][q]) load_floats(c0 + at.state[half][q], c_reg[half][q]);
       }
     }
-    const int64_t col = 8 * Q * warp + 2 * (lane & 3);
 #pragma unroll
     for (int q = 0; q < Q; ++q) {
 #pragma unroll
       for (int g = 0; g < 3; ++g) {
-        if (col + 8 * q < S) load_floats(bias + g * S + col + 8 * q, b_reg[q][g]);
+        if (at.col + 8 * q < S) load_floats(bias + g * S + at.col + 8 * q, b_reg[q][g]);
       }
     }
     prefetch_p(p_set[0], 0);
@@ -226,7 +257,7 @@ __global__ void __launch_bounds__(kLocalThreads, 1)
     const int64_t n_next = kPacked ? rows_at(bs, B, steps, t + 1) : 0;
     if (kPacked && r0 >= n) return false;  // sizes do not increase: this block is done
     const T* h_read = hbuf + ((t + 1) & 1) * kLocalRows * ld;
-    T* h_write = hbuf + (t & 1) * kLocalRows * ld;
+    const int64_t write_at = (t & 1) * kLocalRows * ld;
     if (owner) {
       T* g_t = gates + t * step_gates;
       T* o_t = outs + t * step_state;
@@ -241,12 +272,18 @@ __global__ void __launch_bounds__(kLocalThreads, 1)
           if (!at.ok[half][q] || (kPacked && at.row[half] >= n)) continue;
           float rec[3][2];
           gates_of_pair<Q>(acc, q, half, rec);
-          Pair<T> hv, cv;
-          forward_pair<T>(p[half][q], rec, b_reg[q], c_reg[half][q], g_t + at.gate[half][q], S, hv,
-                          cv);
+          Pair<T> pre[3], hv, cv;
+          forward_pair<T>(p[half][q], rec, b_reg[q], c_reg[half][q], pre, hv, cv);
+#pragma unroll
+          for (int g = 0; g < 3; ++g) store_pair(g_t + at.gate[half][q] + g * S, pre[g]);
           store_pair(o_t + at.state[half][q], hv);
           store_pair(c_t + at.state[half][q], cv);
-          store_pair(h_write + at.buf[half][q], hv);
+          store_pair(hbuf + write_at + at.buf[half][q], hv);
+          if (kCluster && !last) {  // no step reads the last h
+            store_pair_peers<T>(
+                h_shared + static_cast<uint32_t>((write_at + at.buf[half][q]) * sizeof(T)), hv,
+                rank, C);
+          }
           if (kPacked ? at.row[half] >= n_next : last) {  // the row's last step
             store_pair(h_n + at.state[half][q], hv);
             store_pair(c_n + at.state[half][q], cv);
@@ -255,7 +292,7 @@ __global__ void __launch_bounds__(kLocalThreads, 1)
       }
       prefetch_p(p, t + 2);
     }
-    __syncthreads();  // h_t written before the next step reads it
+    local_barrier<kCluster>();  // h_t written before the next step reads it
     return true;
   };
   for (int64_t t = 0; t < steps; t += 2) {
@@ -270,9 +307,10 @@ __global__ void __launch_bounds__(kLocalThreads, 1)
 // memory, where the next step's product reads it), the chunk's first step
 // reading slot K (the later chunk's last dG), dc of step t0 - 1 at the end,
 // the bias-gradient sums of the block's rows added to row blockIdx.y of
-// `partial` (summed in registers over the chunk, in a fixed order).
-template <typename T, int Q, bool kPacked>
-__global__ void __launch_bounds__(kLocalThreads, 1)
+// `partial` (summed in registers over the chunk, in a fixed order). The
+// grid and clusters as the forward's.
+template <typename T, int Q, bool kPacked, bool kCluster>
+__global__ void __launch_bounds__(kLocalMaxThreads, 1)
     backward_tc_local_kernel(int64_t T_, int64_t t0, int64_t t1, int64_t K, int64_t B, int64_t S,
                              const T* go, const T* ghn, const T* gcn, T* dG, const T* w_h,
                              int64_t ld_w, T* dc, const T* gates, const T* cells, const T* c0,
@@ -281,15 +319,18 @@ __global__ void __launch_bounds__(kLocalThreads, 1)
   extern __shared__ __align__(16) unsigned char smem[];
   const int64_t S3 = 3 * S, KC = (S3 + kChunk<T> - 1) / kChunk<T>, KT = 2 * KC;
   const int64_t ld = local_ld<T>(S3);
-  const int slices = local_warps(S, Q);
+  const int C = static_cast<int>(gridDim.x), rank = static_cast<int>(blockIdx.x);
+  const int per_block = local_block_tiles(S, Q, C), first = rank * per_block;
+  const int slices = std::max(0, std::min(per_block, local_tiles(S, Q) - first));
   uint2* frag = reinterpret_cast<uint2*>(smem);
-  // dG of the block's rows, two buffers: step t reads dG_{t+1} from buffer
-  // (t + 1) % 2 and writes dG_t to t % 2.
-  T* gbuf = reinterpret_cast<T*>(smem + slices * weight_bytes(KT, NT));
+  // dG of the rows, two buffers: step t reads dG_{t+1} from buffer (t + 1)
+  // % 2 and writes dG_t to t % 2.
+  T* gbuf = reinterpret_cast<T*>(smem + per_block * weight_bytes(KT, NT));
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kLocalRows;
-  // Slice w, tile nt: columns 8 (Q w + nt) .. + 7 of W_h ([3S, S], rows of stride ld_w).
+  // Slice w, tile nt: columns 8 (Q (first + w) + nt) .. + 7 of W_h ([3S, S],
+  // rows of stride ld_w).
   load_weight_slices<T>(frag, slices, KT, NT, [&](int w, int64_t k, int nt, int n) -> uint32_t {
-    const int64_t j = 8 * (Q * w + nt) + n;
+    const int64_t j = 8 * (Q * (first + w) + nt) + n;
     if (k >= S3 || j >= S) return 0;
     return bits_of(w_h[k * ld_w + j]);
   });
@@ -304,12 +345,13 @@ __global__ void __launch_bounds__(kLocalThreads, 1)
       if (r0 + r < B) dst[r * ld + k] = src[(r0 + r) * S3 + k];
     }
   }
-  __syncthreads();
+  local_barrier<kCluster>();  // the cluster's buffers are ready before the first step writes them
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const bool owner = warp < slices;
   const uint2* my_frag = frag + warp * KT * NT * 32;
-  const Places<Q> at(B, S, r0, ld, warp, lane);
+  const Places<Q> at(B, S, r0, ld, first + warp, lane);
+  const uint32_t g_shared = shared_address(gbuf);
 
   float dc_reg[2][Q][2] = {};
   // Column sums of the block's dG over the chunk (this thread's rows).
@@ -357,7 +399,7 @@ __global__ void __launch_bounds__(kLocalThreads, 1)
     const int64_t n = kPacked ? rows_at(bs, B, T_, t) : B;
     const int64_t n_next = kPacked ? rows_at(bs, B, T_, t + 1) : 0;
     const T* g_read = gbuf + ((t + 1) & 1) * kLocalRows * ld;
-    T* g_write = gbuf + (t & 1) * kLocalRows * ld;
+    const int64_t write_at = (t & 1) * kLocalRows * ld;
     float acc[NT][4] = {};
     // Rows with no step after this one (all, at the last): no recurrent
     // gradient (their dG_{t+1} rows are zero: skipping is only faster).
@@ -384,7 +426,11 @@ __global__ void __launch_bounds__(kLocalThreads, 1)
             float r0v, r1v;
             const Pair<T> v = pack_rounded<T>(d[g][0], d[g][1], r0v, r1v);
             store_pair(dg_t + at.gate[half][q] + g * S, v);
-            store_pair(g_write + at.buf[half][q] + g * S, v);
+            const int64_t b = write_at + at.buf[half][q] + g * S;
+            store_pair(gbuf + b, v);
+            if (kCluster && t > t0) {  // the chunk's earliest dG is read from global memory
+              store_pair_peers<T>(g_shared + static_cast<uint32_t>(b * sizeof(T)), v, rank, C);
+            }
             sums[g][q][0] += d[g][0];
             sums[g][q][1] += d[g][1];
           }
@@ -392,7 +438,7 @@ __global__ void __launch_bounds__(kLocalThreads, 1)
       }
       prefetch(in, t - 2);
     }
-    __syncthreads();  // dG_t written before the next step reads it
+    local_barrier<kCluster>();  // dG_t written before the next step reads it
   };
   for (int64_t t = t1 - 1; t >= t0; t -= 2) {
     step(t, in_set[0]);
@@ -414,7 +460,6 @@ __global__ void __launch_bounds__(kLocalThreads, 1)
   // Column sums over the block's 16 rows (lanes with the same lane % 4 hold
   // the same columns), added to the block's row of partial sums: this
   // thread alone adds to these entries.
-  const int64_t col = 8 * Q * warp + 2 * (lane & 3);
 #pragma unroll
   for (int g = 0; g < 3; ++g) {
 #pragma unroll
@@ -422,7 +467,7 @@ __global__ void __launch_bounds__(kLocalThreads, 1)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const float v = sum_over_rows(sums[g][q][e]);
-        const int64_t j = col + 8 * q + e;
+        const int64_t j = at.col + 8 * q + e;
         if (lane < 4 && j < S) partial[static_cast<int64_t>(blockIdx.y) * S3 + g * S + j] += v;
       }
     }

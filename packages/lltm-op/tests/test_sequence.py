@@ -851,11 +851,13 @@ PATHS = {
         "LLTM_OP_SEQUENCE_TENSOR_CORES": "0",
     },
     # float16 / bfloat16 with S a multiple of 8 on sm_80+: the tensor-core
-    # persistent kernels (the block-local ones where W_h fits one block);
+    # persistent kernels (the block-local ones where runs_block_local says);
     # other dtypes and sizes take the default path.
     "tensor_cores": {"LLTM_OP_SEQUENCE_TENSOR_CORES": "1"},
     # The global-barrier tensor-core kernels at every size.
     "tc_global": {"LLTM_OP_SEQUENCE_TENSOR_CORES": "1", "LLTM_OP_SEQUENCE_LOCAL": "0"},
+    # The block-local ones in clusters of 4 blocks wherever those fit (sm_90).
+    "tc_local_clusters": {"LLTM_OP_SEQUENCE_TENSOR_CORES": "1", "LLTM_OP_SEQUENCE_LOCAL_CLUSTER": "4"},
     # Those with the forward's cluster variant (opt-in) where its clusters
     # fit (sm_90).
     "tc_clusters": {
@@ -875,6 +877,19 @@ def count_tc(names: list[str], direction: str, local: bool | None = None) -> int
     global-barrier ones (local=False) where asked."""
     found = [_TC_KERNEL[direction].search(n) for n in names]
     return sum(1 for m in found if m and (local is None or bool(m.group(1)) == local))
+
+
+def runs_block_local(S: int, dtype: torch.dtype, direction: str) -> bool:
+    """Whether the tensor-core path runs `direction` block-locally at state
+    size S on this GPU (the rule of compute_local_launch, for grids that
+    fit): one block up to S = 64 (96 in 16-bit types without clusters),
+    clusters on sm_90 up to S = 256 forward / 128 backward in 16-bit types
+    and 128 / 96 in float32."""
+    half = dtype != torch.float32
+    if torch.cuda.get_device_capability()[0] < 9:
+        return S <= (96 if half else 64)
+    limits = {"forward": 256 if half else 128, "backward": 128 if half else 96}
+    return S <= limits[direction]
 
 
 @pytest.mark.cuda
@@ -940,8 +955,8 @@ def tf32_matmul(allowed: bool):
 def test_cuda_tensor_core_kernels_run_and_match_the_reference(dtype, size):
     """The tensor-core persistent kernels (sm_80+; float32 on TF32 tensor
     cores, with torch's TF32 setting on): they run (one launch for the
-    forward, one per backward chunk; the block-local ones up to S = 96 in
-    16-bit types and 64 in float32, the global-barrier ones past it) and
+    forward, one per backward chunk; the block-local ones where
+    runs_block_local says, the global-barrier ones past it) and
     match float64 on sizes off every tile: B below one 16-row tile and past
     it (3, 70, 300: several batch blocks), S = 8 and 40 (a half-filled k
     tile), T = 1, several chunks."""
@@ -966,15 +981,55 @@ def test_cuda_tensor_core_kernels_run_and_match_the_reference(dtype, size):
 
         names = _cuda_kernel_names(run)
         torch.autograd.backward(ref, grads)
-    # The block-local kernels up to S = 96 (16-bit) / 64 (float32).
-    local = S <= (64 if dtype == torch.float32 else 96)
-    assert count_tc(names, "forward", local) == 1, names
-    assert count_tc(names, "backward", local) == chunks, names
+    assert count_tc(names, "forward", runs_block_local(S, dtype, "forward")) == 1, names
+    assert count_tc(names, "backward", runs_block_local(S, dtype, "backward")) == chunks, names
     assert not any("fused_kernel" in n or "persistent_kernel" in n for n in names), names
     for name, o, r in zip(("outputs", "h_n", "c_n"), out, ref):
         assert rel_err(o.cpu(), r) <= limit, name
     for name, a, r in zip(("input", "weights", "bias", "old_h", "old_cell"), args, ref_args):
         assert rel_err(a.grad.cpu(), r.grad) <= limit, f"grad of {name}"
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize(
+    "C,S", [(1, 64), (2, 40), (2, 128), (4, 96), (4, 128), (8, 40), (8, 256), (16, 128), (16, 200)], ids=str
+)
+@pytest.mark.parametrize("packed", [False, True], ids=["whole", "packed"])
+def test_cuda_block_local_clusters_match_the_reference(dtype, C, S, packed):
+    """The block-local kernels with their columns over a cluster of C blocks
+    (LLTM_OP_SEQUENCE_LOCAL_CLUSTER=C, sm_90), each block its share of the
+    column tiles (some none: S = 40 over 8 blocks, 200 over 16) and the
+    state pushed to the others' shared memory every step: both directions
+    run block-locally and match float64, with packed rows (lengths of 0,
+    rows ending inside a tile), B = 37 (a part-filled block), two backward
+    chunks."""
+    need("cuda")
+    if C > 1 and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("thread-block clusters need sm_90 or newer")
+    if torch.cuda.get_device_capability()[0] < 8:
+        pytest.skip("the tensor-core kernels need sm_80 or newer")
+    T, B, F = 5, 37, 6
+    gen = torch.Generator().manual_seed(C * S + packed)
+    lengths = random_lengths(T, B, gen) if packed else [T] * B
+    args = make_args(T, B, F, S, dtype=dtype, device="cuda", generator=gen)
+    args, ref_args, ref, grads = packed_case(args, lengths, gen)
+    bs = batch_sizes_of(lengths, T) if packed else None
+    out = []
+
+    def run():
+        out.extend(run_op(*args, bs)[:3])
+        torch.autograd.backward(out, [g.to("cuda", dtype) for g in grads])
+
+    with (
+        env(LLTM_OP_SEQUENCE_TENSOR_CORES="1", LLTM_OP_SEQUENCE_LOCAL_CLUSTER=C, LLTM_OP_SEQUENCE_CHUNKS=2),
+        tf32_matmul(True),
+    ):
+        names = _cuda_kernel_names(run)
+    assert count_tc(names, "forward", True) == 1, names
+    assert count_tc(names, "backward", True) == 2, names
+    limit = {torch.float16: 1e-2, torch.bfloat16: 3e-2, torch.float32: 5e-3}[dtype]
+    assert_packed_run_matches(out, args, ref, ref_args, grads, lengths, limit)
 
 
 # The packed runs' paths: PATHS, and float32 on TF32 tensor cores.
@@ -1008,11 +1063,11 @@ def test_cuda_paths_run_packed_rows(path, dtype, T, B, F, S):
     with env(**PACKED_PATHS[path], LLTM_OP_SEQUENCE_CHUNKS=2), tf32_matmul(path == "tf32"):
         names = _cuda_kernel_names(run)
     tc = torch.cuda.get_device_capability()[0] >= 8 and S % 8 == 0
-    tc_path = path in ("tensor_cores", "tc_global", "tc_clusters")
+    tc_path = path in ("tensor_cores", "tc_global", "tc_clusters", "tc_local_clusters")
     if path == "persistent" or (tc_path and dtype != torch.float64 and tc):
         # One launch for the forward, one per backward chunk: no step kernels.
         if tc_path and dtype != torch.float32:
-            local = None if path == "tensor_cores" else False
+            local = None if path in ("tensor_cores", "tc_local_clusters") else False
             assert count_tc(names, "forward", local) == 1, names
             assert count_tc(names, "backward", local) == 2, names
         else:
