@@ -10,11 +10,12 @@ variant switched by its environment variable in one process:
   (``LLTM_OP_SEQUENCE_CLUSTERS=1``, opt-in) against the global-barrier
   kernel (``=0``, the default), forward alone and forward+backward, with
   nn.LSTM, and whether their outputs are bitwise equal;
-* local (CUDA, sm_80+): the block-local tensor-core kernels (the default at
-  S <= 96 in 16-bit types, S <= 64 in float32 on TF32) against the
-  global-barrier ones (``LLTM_OP_SEQUENCE_LOCAL=0``): GPU time of the
-  recurrent kernels alone per step (torch.profiler, the median of the
-  rounds), forward and backward, at T256.
+* local (CUDA, sm_80+): the rule's tensor-core kernels (block-local, on
+  clusters of blocks on sm_90, where the rule takes them: see the README)
+  against the global-barrier ones (``LLTM_OP_SEQUENCE_LOCAL=0``): GPU time
+  of the recurrent kernels alone per step (torch.profiler, the median of
+  the rounds), forward and backward, at T256, S 32 to 256 (a ratio of
+  1.00x is a size the rule leaves to the global-barrier kernels).
 
     python bench/bench_lltm_sequence_variants.py [--table inference|clusters|local] [--repeat N] [--quick]
 
