@@ -61,6 +61,20 @@ __host__ __device__ inline int local_block_tiles(int64_t S, int Q, int C) {
   return (local_tiles(S, Q) + C - 1) / C;
 }
 
+// This block's share of the column tiles: C blocks in its cluster (the
+// grid's x), per_block tiles a block (its shared memory is laid out for
+// that many), tiles first .. first + slices - 1 its own (a last block may
+// hold fewer, or none).
+struct TileShare {
+  int C, rank, per_block, first, slices;
+  __device__ __forceinline__ TileShare(int64_t S, int Q)
+      : C(static_cast<int>(gridDim.x)), rank(static_cast<int>(blockIdx.x)) {
+    per_block = local_block_tiles(S, Q, C);
+    first = rank * per_block;
+    slices = std::max(0, std::min(per_block, local_tiles(S, Q) - first));
+  }
+};
+
 // One 8-column tile a warp.
 constexpr int kLocalQ = 1;
 
@@ -182,13 +196,12 @@ __global__ void __launch_bounds__(kLocalMaxThreads, 1)
   extern __shared__ __align__(16) unsigned char smem[];
   const int64_t KC = (S + kChunk<T> - 1) / kChunk<T>, KT = 2 * KC;
   const int64_t ld = local_ld<T>(S);
-  const int C = static_cast<int>(gridDim.x), rank = static_cast<int>(blockIdx.x);
-  const int per_block = local_block_tiles(S, Q, C), first = rank * per_block;
-  const int slices = std::max(0, std::min(per_block, local_tiles(S, Q) - first));
+  const TileShare share(S, Q);
+  const int C = share.C, rank = share.rank, first = share.first, slices = share.slices;
   uint2* frag = reinterpret_cast<uint2*>(smem);
   // h of the rows, two buffers: step t reads (t + 1) % 2 (h_{t-1}) and
   // writes t % 2.
-  T* hbuf = reinterpret_cast<T*>(smem + per_block * weight_bytes(KT, NT));
+  T* hbuf = reinterpret_cast<T*>(smem + share.per_block * weight_bytes(KT, NT));
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kLocalRows;
   // Slice w, tile nt = g * Q + q: gate g, columns 8 (Q (first + w) + q) .. + 7.
   load_weight_slices<T>(frag, slices, KT, NT, [&](int w, int64_t k, int nt, int n) -> uint32_t {
@@ -319,13 +332,12 @@ __global__ void __launch_bounds__(kLocalMaxThreads, 1)
   extern __shared__ __align__(16) unsigned char smem[];
   const int64_t S3 = 3 * S, KC = (S3 + kChunk<T> - 1) / kChunk<T>, KT = 2 * KC;
   const int64_t ld = local_ld<T>(S3);
-  const int C = static_cast<int>(gridDim.x), rank = static_cast<int>(blockIdx.x);
-  const int per_block = local_block_tiles(S, Q, C), first = rank * per_block;
-  const int slices = std::max(0, std::min(per_block, local_tiles(S, Q) - first));
+  const TileShare share(S, Q);
+  const int C = share.C, rank = share.rank, first = share.first, slices = share.slices;
   uint2* frag = reinterpret_cast<uint2*>(smem);
   // dG of the rows, two buffers: step t reads dG_{t+1} from buffer (t + 1)
   // % 2 and writes dG_t to t % 2.
-  T* gbuf = reinterpret_cast<T*>(smem + per_block * weight_bytes(KT, NT));
+  T* gbuf = reinterpret_cast<T*>(smem + share.per_block * weight_bytes(KT, NT));
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kLocalRows;
   // Slice w, tile nt: columns 8 (Q (first + w) + nt) .. + 7 of W_h ([3S, S],
   // rows of stride ld_w).
