@@ -48,6 +48,7 @@
 #include <optional>
 #include <tuple>
 #include <type_traits>
+#include <vector>
 
 #include "lltm.h"
 #include "lltm_sequence.h"
@@ -715,24 +716,31 @@ constexpr int64_t kTcMaxStateReread = int64_t(32) << 20;
 // cluster of C = 2 to 16 blocks (forward: its slices of W_h^T and two state
 // buffers; backward: of W_h and two dG buffers), and the ceil(B / 16)
 // clusters fit in one wave. No block waits for another cluster: a step
-// costs a __syncthreads (the cluster's barrier) instead of a round trip
+// costs a __syncthreads (the cluster's exchange) instead of a round trip
 // through L2 and a grid-wide barrier.
 //
-// C: one block up to 8 column tiles (S <= 64; 12 in the 16-bit backward),
-// past that the fewest blocks of at most 4 warps. The cluster's barrier
-// costs about 0.45 us a step more than a __syncthreads (H100, S = 32), so
-// one block is faster while a block's warps are few; past that a block's
-// step (every warp's product, then its cell) grows with its warps, and
-// clusters share them. Up to local_max_s (forward, backward) per dtype,
-// measured against the global-barrier kernels (H100 and H200, T256, B 8 /
-// 64 / 256; bench_lltm_sequence_variants.py --table local).
+// C: one block up to 8 column tiles (S <= 64; the forward 4, see below),
+// past that the fewest blocks of at most 4 warps, or of at most 8 where
+// those clusters would take more than half the multiprocessors. A
+// cluster's step exchange (mbarriers, see the kernels) costs more than a
+// __syncthreads, so one block is faster while a block's warps are few;
+// past that a block's step (every warp's product, then its cell) grows
+// with its warps, and clusters share them. Measured (H100, T256, 16-bit,
+// us a step, forward / backward): S = 128 at C = 2 / 4 / 8: 1.45 / 1.15 /
+// 1.22 and 2.25 / 2.05 / 2.19 (B8); S = 256 B256 at C = 4 / 8: 2.52 / 2.91
+// and 4.45 / 5.07 (global kernels 5.91 / 5.94), at B8 2.14 / 1.68 and 3.67
+// / 3.22. Up to local_max_s (forward, backward) per dtype, measured against
+// the global-barrier kernels (T256, B 8 / 64 / 256;
+// bench_lltm_sequence_variants.py --table local): 16-bit S = 512 forward
+// at C = 16 3.02 / 3.20 us at B8 / B64 against 3.04 / 4.19; float32 past
+// the bounds slower (S = 256 forward at B8 4.1-4.4 against 3.4).
 // LLTM_OP_SEQUENCE_LOCAL_CLUSTER=C asks for C blocks wherever they fit,
 // past local_max_s too.
 constexpr int kLocalOneBlockTiles = 8;
 constexpr int kLocalClusterWarps = 4;
 template <typename T>
 int64_t local_max_s(bool forward) {
-  if (sizeof(T) == 2) return forward ? 256 : 128;
+  if (sizeof(T) == 2) return forward ? 512 : 256;
   return forward ? 128 : 96;
 }
 
@@ -767,15 +775,29 @@ LocalLaunch compute_local_launch(const Dims& d, int device, int sms, int optin, 
   if (want == 0 && d.S > local_max_s<T>(forward)) return launch;
   const int max_c = opscommon::compute_capability_major(device) >= 9 ? tc::kLocalMaxCluster : 1;
   const int tiles = tc::local_tiles(d.S, Q);
-  // Without clusters (sm_80 to sm_89), and for the 16-bit backward, one
-  // block up to S = 96 (16-bit) / 64 (float32): at S = 96 on an H100, 0.64-
-  // 0.81x the global-barrier kernels' step, and the 16-bit backward 0.90x
-  // a cluster of 4 at B 64 and 256 (the same at B8).
-  const int one_block_tiles = (max_c == 1 || !forward) && sizeof(T) == 2 ? 12 : kLocalOneBlockTiles;
+  // Without clusters (sm_80 to sm_89), one block up to S = 96 (16-bit) /
+  // 64 (float32): at S = 96 on an H100, 0.64-0.81x the global-barrier
+  // kernels' step. With them, the forward's clusters take over from S = 40
+  // (H100, S = 64 at B 8 / 64 / 256, bfloat16, us a step: one block 1.00 /
+  // 1.64 / 1.74, two 0.92 / 1.02 / 1.16), in float32 only past one row
+  // block (one block 1.29 / 1.80 / 2.15, two 1.45 / 1.55 / 1.65).
+  int one_block_tiles = kLocalOneBlockTiles;
+  if (max_c == 1) {
+    one_block_tiles = sizeof(T) == 2 ? 12 : kLocalOneBlockTiles;
+  } else if (forward && (sizeof(T) == 2 || gy > 1)) {
+    one_block_tiles = kLocalOneBlockTiles / 2;
+  }
+  int cluster_warps = kLocalClusterWarps;
+  for (int C = 2; C <= max_c; C *= 2) {
+    if (tc::local_block_tiles(d.S, Q, C) <= kLocalClusterWarps) {
+      if (gy * C > sms / 2) cluster_warps = tc::kLocalClusterMaxWarps;
+      break;
+    }
+  }
   for (int C = 1; C <= max_c; C *= 2) {
     const int warps = tc::local_block_tiles(d.S, Q, C);
-    if (warps > tc::kLocalMaxWarps) continue;
-    if (want > 0 ? C != want : (C == 1 ? tiles > one_block_tiles : warps > kLocalClusterWarps)) {
+    if (warps > (C > 1 ? tc::kLocalClusterMaxWarps : tc::kLocalMaxWarps)) continue;
+    if (want > 0 ? C != want : (C == 1 ? tiles > one_block_tiles : warps > cluster_warps)) {
       continue;
     }
     const size_t smem =
@@ -856,8 +878,13 @@ TcPlan compute_tc_plan(const Dims& d, int device, bool local) {
   return best;
 }
 
-// The plan of (device, dtype, B, S), remembered for the last one asked (a
-// call asks several times: fused(), the partial sums, each launch).
+// The plan of (device, dtype, B, S), remembered for the last kPlansKept
+// asked (a call asks several times: fused(), the partial sums, each
+// launch; a model runs several sizes in turn: two layers, a last smaller
+// batch). Computing one queries the occupancy of a dozen kernel variants:
+// about 0.3 ms of host time a call where a single remembered plan flipped
+// between two sizes (or LLTM_OP_SEQUENCE_LOCAL settings) on every call.
+constexpr size_t kPlansKept = 16;
 TcPlan tc_plan(const Tensor& like, const Dims& d) {
   using ST = torch::headeronly::ScalarType;
   const ST st = like.scalar_type();
@@ -878,17 +905,27 @@ TcPlan tc_plan(const Tensor& like, const Dims& d) {
     int64_t B, S;
     bool local;
     int64_t cluster;
+    bool operator==(const Key& o) const {
+      return device == o.device && st == o.st && B == o.B && S == o.S && local == o.local &&
+             cluster == o.cluster;
+    }
   };
-  thread_local std::optional<Key> key;
-  thread_local TcPlan plan;
-  if (!key || key->device != device || key->st != st || key->B != d.B || key->S != d.S ||
-      key->local != local || key->cluster != cluster) {
-    plan = st == ST::Half       ? compute_tc_plan<opscommon::Half>(d, device, local)
-           : st == ST::BFloat16 ? compute_tc_plan<opscommon::BFloat16>(d, device, local)
-                                : compute_tc_plan<float>(d, device, local);
-    key = Key{device, st, d.B, d.S, local, cluster};
+  const Key key{device, st, d.B, d.S, local, cluster};
+  // Most recently used first.
+  thread_local std::vector<std::pair<Key, TcPlan>> plans;
+  auto hit =
+      std::find_if(plans.begin(), plans.end(), [&](const auto& e) { return e.first == key; });
+  if (hit == plans.end()) {
+    const TcPlan plan = st == ST::Half ? compute_tc_plan<opscommon::Half>(d, device, local)
+                        : st == ST::BFloat16
+                            ? compute_tc_plan<opscommon::BFloat16>(d, device, local)
+                            : compute_tc_plan<float>(d, device, local);
+    if (plans.size() == kPlansKept) plans.pop_back();
+    plans.insert(plans.begin(), {key, plan});
+  } else if (hit != plans.begin()) {
+    std::rotate(plans.begin(), hit, hit + 1);
   }
-  return plan;
+  return plans.front().second;
 }
 
 struct CudaDev {

@@ -357,6 +357,85 @@ __device__ __forceinline__ void cluster_barrier() {
 #endif
 }
 
+// -- mbarriers (sm_90): the block-local kernels' exchange in a cluster ------------------------
+//
+// Each block holds one mbarrier per state buffer. A step's writer pushes its
+// columns into the other blocks' buffers with st.async, which counts the
+// bytes on the receiving block's mbarrier; the block's own warps arrive on
+// it once their columns are in its own buffer (one of them also posting
+// the bytes the peers will send). A phase completes when every local warp
+// arrived and every byte came: no cluster-wide barrier, no fence that waits
+// for the step's global stores, each block going on once its own inputs
+// are there.
+
+__device__ __forceinline__ void mbarrier_init(uint32_t bar, uint32_t count) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+  // Visible to the peers' complete_tx before the cluster barrier that follows.
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#else
+  __trap();
+#endif
+}
+
+// This thread's arrival at the mbarrier at `bar` (its earlier shared-memory
+// writes released to the waiters), posting `tx` more bytes to come.
+__device__ __forceinline__ void mbarrier_arrive(uint32_t bar, uint32_t tx) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "{\n"
+      ".reg .b64 state;\n"
+      "mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 state, [%0], %1;\n"
+      "}" ::"r"(bar),
+      "r"(tx)
+      : "memory");
+#else
+  __trap();
+#endif
+}
+
+// Until the phase of parity `parity` of the mbarrier at `bar` completed (the
+// peers' bytes acquired at cluster scope).
+__device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_%=;\n"
+      "}" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+#else
+  __trap();
+#endif
+}
+
+// v (4 or 8 bytes) to the cluster shared-memory address `addr`, its bytes
+// counted on the mbarrier at cluster address `bar` (the same block's).
+__device__ __forceinline__ void store_async(uint32_t addr, uint32_t v, uint32_t bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(addr),
+      "r"(v), "r"(bar)
+      : "memory");
+#else
+  __trap();
+#endif
+}
+__device__ __forceinline__ void store_async(uint32_t addr, float2 v, uint32_t bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.b32 [%0], {%1, %2}, [%3];" ::"r"(
+          addr),
+      "r"(__float_as_uint(v.x)), "r"(__float_as_uint(v.y)), "r"(bar)
+      : "memory");
+#else
+  __trap();
+#endif
+}
+
 // A from the cluster's state buffers: rows la / lb (rows of the batch
 // block) of the [bm, NJ] buffers at shared address `buf` of each block,
 // block b holding columns b * NJ .. + NJ - 1 (NJ a multiple of 8: a
@@ -437,6 +516,26 @@ template <typename T>
 __device__ __forceinline__ Pair<T> load_pair(const T* p) {
   return *reinterpret_cast<const Pair<T>*>(p);
 }
+// Two elements at p, in one access where `one` (p aligned to the pair).
+// A prefetch that is only used steps later must not combine two 16-bit
+// loads into a pair where it issues them: that waits for both to arrive.
+template <typename T>
+__device__ __forceinline__ Pair<T> load_pair_if(const T* p, bool one) {
+  if constexpr (sizeof(T) == 4) {
+    return load_two(p);  // two registers: nothing to combine
+  } else {
+    return one ? load_pair(p) : load_two(p);
+  }
+}
+// Whether the pairs of these tensors are aligned (their element offsets
+// are even: S is a multiple of 8 on these kernels).
+template <typename T>
+__device__ __forceinline__ bool pairs_aligned(const void* a, const void* b, const void* c,
+                                              const void* d) {
+  const uintptr_t any = reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(b) |
+                        reinterpret_cast<uintptr_t>(c) | reinterpret_cast<uintptr_t>(d);
+  return any % (2 * sizeof(T)) == 0;
+}
 template <typename T>
 __device__ __forceinline__ void store_pair(T* p, Pair<T> v) {
   *reinterpret_cast<Pair<T>*>(p) = v;
@@ -486,12 +585,31 @@ __device__ __forceinline__ void gates_of_pair(const float (&acc)[3 * Q][4], int 
   }
 }
 
-// The cell's math in these kernels: the hardware exp2 and reciprocal
-// (FastMath) in every dtype. float32 here is on TF32 tensor cores, whose
-// products carry about 1e-3 relative error: the cell's 1e-6 from FastMath
-// is nothing beside it, and the C library's expf / tanhf made the float32
-// cell several times longer than the 16-bit types', on every step's chain.
-using TcMath = FastMath;
+// The cell's math in these kernels: the hardware exp2 and reciprocal in
+// every dtype, as FastMath, but flushing subnormal inputs and results to
+// zero (.ftz): without it each exp2 and reciprocal carries a range check
+// and rescale (four more instructions), on every step's chain. float32
+// here is on TF32 tensor cores, whose products carry about 1e-3 relative
+// error: the cell's 1e-6 is nothing beside it, and a result below 2^-126
+// (a sigmoid of under -87) is zero instead of a subnormal.
+struct TcMath {
+  static __device__ __forceinline__ float exp(float v) {
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v * 1.4426950408889634f));
+    return r;
+  }
+  static __device__ __forceinline__ float rcp(float v) {
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
+    return r;
+  }
+  static __device__ __forceinline__ float expm1(float v) { return exp(v) - 1.0f; }
+  static __device__ __forceinline__ float tanh(float v) {
+    return 1.0f - 2.0f * rcp(exp(2.0f * v) + 1.0f);
+  }
+  static __device__ __forceinline__ float sigmoid(float x) { return rcp(1.0f + exp(-x)); }
+  static __device__ __forceinline__ float select(bool c, float a, float b) { return c ? a : b; }
+};
 
 // The forward cell of two neighbouring columns of one row (a pair): gate
 // g's pre-activation p[g] + rec[g] + bias[g], rounded to T, packed into
@@ -715,6 +833,7 @@ __global__ void __launch_bounds__(kTcThreads, 1)
   // Step t's inputs, fetched ahead: grad_outputs[t] (+ grad_h_n at the
   // last step), G_t of the three gates, c_{t-1}; two columns a register.
   Pair<T> n_go[Q][2] = {}, n_g[Q][2][3] = {}, n_c[Q][2] = {};
+  const bool one = pairs_aligned<T>(go, gates, cells, c0);
   auto prefetch = [&](int64_t t) {
     const T* g_t = gates + t * step_gates;
     const T* c_prev = t ? cells + (t - 1) * step_state : c0;
@@ -724,10 +843,12 @@ __global__ void __launch_bounds__(kTcThreads, 1)
       for (int q = 0; q < Q; ++q) {
         if (!valid(half, q)) continue;
         const int64_t i = at(half, q), row = row_base + 8 * half, j = col_base + 8 * q;
-        n_go[q][half] = go != nullptr ? load_two(go + t * step_state + i) : Pair<T>{};
+        n_go[q][half] = go != nullptr ? load_pair_if(go + t * step_state + i, one) : Pair<T>{};
 #pragma unroll
-        for (int g = 0; g < 3; ++g) n_g[q][half][g] = load_two(g_t + row * S3 + g * S + j);
-        n_c[q][half] = load_two(c_prev + i);
+        for (int g = 0; g < 3; ++g) {
+          n_g[q][half][g] = load_pair_if(g_t + row * S3 + g * S + j, one);
+        }
+        n_c[q][half] = load_pair_if(c_prev + i, one);
       }
     }
   };

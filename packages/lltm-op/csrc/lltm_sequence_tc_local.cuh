@@ -6,13 +6,14 @@
 //
 // A block (or a cluster of C blocks) owns 16 batch rows and ALL state
 // columns, so no step waits for any other block (cluster): the recurrent
-// state of its rows (h forward, dG backward) stays in shared memory, and
-// the steps are separated by __syncthreads (the cluster's hardware barrier)
-// alone. The global-barrier kernels spend most of a step at small sizes on
-// what this removes: the state's round trip through L2 and the grid-wide
-// barrier (a release, an atomic and a poll of global memory). Blocks are
-// independent, so they need not all be resident at once; the plan still
-// asks for one wave (see compute_tc_plan).
+// state of its rows (h forward, dG backward) stays in shared memory, and the
+// steps are separated by __syncthreads alone (in a cluster, each block's wait
+// on its mbarrier for the step's state: see Exchange). The global-barrier
+// kernels spend most of a step at small sizes on what this removes: the
+// state's round trip through L2 and the grid-wide barrier (a release, an
+// atomic and a poll of global memory). Blocks are independent, so they need
+// not all be resident at once; the plan still asks for one wave (see
+// compute_tc_plan).
 //
 // The state columns are tiles of 8 Q; block `rank` of a cluster owns tiles
 // rank * n .. rank * n + n - 1 (n = local_block_tiles), one a warp: warp w
@@ -20,13 +21,18 @@
 // columns of W_h^T, K = S; backward: those columns of W_h, K = 3S), its
 // weight fragments a contiguous slice of shared memory, laid out as a
 // global-barrier block's of the same Q. Every block keeps the whole state
-// rows: a block writes its columns of a step's state to its own buffer and
-// to the other blocks' (distributed shared memory), before the barrier that
-// ends the step. Each thread owns the accumulator elements at rows lane / 4
-// and + 8, columns 2 (lane % 4) + {0, 1} of each 8-column group, for all
-// three gates: the cell runs in registers, as in the global-barrier kernels,
-// with the same arithmetic (float32 products and cell, pre-activations
-// rounded to the storage type).
+// rows: a block writes its columns of a step's state to its own buffer and to
+// the other blocks' (distributed shared memory, st.async), and a warp starts
+// the next step once its block's buffer holds the whole state (the buffer's
+// mbarrier: the block's warps arrived, the other blocks' bytes came). A
+// cluster-wide barrier a step, as before, waited for every block's slowest
+// warp, and its release fence for the step's global stores (the ncu profile
+// of S = 128, B64: a quarter of the step); the exchange made the 16-bit step
+// 0.6x as long there (H100, forward 2.16 -> 1.29 us). Each thread owns the
+// accumulator elements at rows lane / 4 and + 8, columns 2 (lane % 4) +
+// {0, 1} of each 8-column group, for all three gates: the cell runs in
+// registers, as in the global-barrier kernels, with the same arithmetic
+// (float32 products and cell, pre-activations rounded to the storage type).
 #pragma once
 
 namespace tc {
@@ -35,7 +41,13 @@ constexpr int64_t kLocalRows = 16;  // batch rows a block (cluster)
 // At most 16 warps (column tiles) a block: the launch bound. The rule
 // (compute_local_launch) gives one block up to 12, a cluster's blocks 4.
 constexpr int kLocalMaxWarps = 16;
-constexpr int kLocalMaxThreads = 32 * kLocalMaxWarps;
+// A cluster's blocks at most 8 (the rule gives them 4): 255 registers a
+// thread, where 16 warps leave 128 and the float32 cluster kernels spill.
+constexpr int kLocalClusterMaxWarps = 8;
+template <bool kCluster>
+constexpr int local_max_threads() {
+  return 32 * (kCluster ? kLocalClusterMaxWarps : kLocalMaxWarps);
+}
 constexpr int kLocalGroup = 2;  // chunks of A in flight (shared memory: short latency)
 // Blocks a cluster: sm_90 allows up to 16 (8 portably).
 constexpr int kLocalMaxCluster = 16;
@@ -78,16 +90,18 @@ struct TileShare {
 // One 8-column tile a warp.
 constexpr int kLocalQ = 1;
 
+// After the two state buffers: their mbarriers (clusters).
+constexpr size_t kLocalBarrierBytes = 2 * sizeof(uint64_t);
 template <typename T>
 inline size_t local_forward_smem(int64_t S, int Q, int C) {
   return local_block_tiles(S, Q, C) * weight_bytes(k_tiles<T>(S), 3 * Q) +
-         2 * kLocalRows * local_ld<T>(S) * sizeof(T);
+         2 * kLocalRows * local_ld<T>(S) * sizeof(T) + kLocalBarrierBytes;
 }
 // Two dG buffers: the step's and the next's.
 template <typename T>
 inline size_t local_backward_smem(int64_t S, int Q, int C) {
   return local_block_tiles(S, Q, C) * weight_bytes(k_tiles<T>(3 * S), Q) +
-         2 * kLocalRows * local_ld<T>(3 * S) * sizeof(T);
+         2 * kLocalRows * local_ld<T>(3 * S) * sizeof(T) + kLocalBarrierBytes;
 }
 
 // The state written before it visible to every warp of the block (the
@@ -101,24 +115,54 @@ __device__ __forceinline__ void local_barrier() {
   }
 }
 
-// v stored at the shared-memory address `addr` of the cluster's C - 1
-// other blocks (this one is `rank`).
-template <typename T>
-__device__ __forceinline__ void store_pair_peers(uint32_t addr, Pair<T> v, int rank, int C) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  for (int i = 1; i < C; ++i) {
-    const int r = rank + i < C ? rank + i : rank + i - C;
-    const uint32_t remote = cluster_address(addr, static_cast<uint32_t>(r));
-    if constexpr (sizeof(T) == 4) {
-      asm volatile("st.shared::cluster.v2.f32 [%0], {%1, %2};" ::"r"(remote), "f"(v.x), "f"(v.y)
-                   : "memory");
-    } else {
-      asm volatile("st.shared::cluster.u32 [%0], %1;" ::"r"(remote), "r"(v) : "memory");
+// The cluster's exchange of a step's state (see the mbarriers in
+// lltm_sequence_tc.cuh): buffer b's mbarrier at bar + 8 b of every block;
+// a phase of it is one step's state, whose bytes from the other blocks
+// (`tx`) warp 0 posts as it arrives. Blocks past `active` hold no tiles
+// and get nothing.
+struct Exchange {
+  uint32_t buf, bar, tx;
+  int rank, active;
+  __device__ __forceinline__ uint32_t bar_of(int64_t b) const {
+    return bar + static_cast<uint32_t>(b) * 8;
+  }
+  // v to the other active blocks' buffers at byte offset `off` of this
+  // block's buffer `b`, counted on their mbarrier of it.
+  template <typename V>
+  __device__ __forceinline__ void push(uint32_t off, int64_t b, V v) const {
+    for (int i = 1; i < active; ++i) {
+      const uint32_t r = static_cast<uint32_t>(rank + i < active ? rank + i : rank + i - active);
+      store_async(cluster_address(buf + off, r), v, cluster_address(bar_of(b), r));
     }
   }
-#else
-  __trap();  // never launched below sm_90 (the host checks the device)
-#endif
+  // The warp's columns of buffer b written (its own, and pushed to the
+  // others): its arrival on this block's mbarrier of b.
+  __device__ __forceinline__ void arrive(int64_t b) const {
+    __syncwarp();
+    if ((threadIdx.x & 31) == 0) mbarrier_arrive(bar_of(b), threadIdx.x == 0 ? tx : 0);
+  }
+  // Until phase `phase` of buffer b is complete: the state is all there.
+  __device__ __forceinline__ void wait(int64_t b, int64_t phase) const {
+    mbarrier_wait(bar_of(b), static_cast<uint32_t>(phase & 1));
+  }
+};
+
+// Block setup of the exchange (thread 0 initializes the mbarriers: one
+// arrival a warp that owns tiles), before the prologue's cluster barrier.
+__device__ __forceinline__ Exchange make_exchange(const void* buf, const void* bars,
+                                                  const TileShare& share, int total_tiles,
+                                                  uint32_t tile_bytes) {
+  Exchange x;
+  x.buf = shared_address(buf);
+  x.bar = shared_address(bars);
+  x.rank = share.rank;
+  x.active = (total_tiles + share.per_block - 1) / share.per_block;
+  x.tx = static_cast<uint32_t>(total_tiles - share.slices) * tile_bytes;
+  if (threadIdx.x == 0 && share.slices > 0) {
+    mbarrier_init(x.bar, static_cast<uint32_t>(share.slices));
+    mbarrier_init(x.bar + 8, static_cast<uint32_t>(share.slices));
+  }
+  return x;
 }
 
 // The product with A from this block's shared memory (G = kLocalGroup),
@@ -188,7 +232,7 @@ struct Places {
 // batch size and writes h_n / c_n at its own last step. The grid is (C,
 // ceil(B / 16)); kCluster: C > 1, its rows' C blocks one cluster (sm_90).
 template <typename T, int Q, bool kPacked, bool kCluster>
-__global__ void __launch_bounds__(kLocalMaxThreads, 1)
+__global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
     forward_tc_local_kernel(int64_t steps, int64_t B, int64_t S, T* gates, const T* bias,
                             const T* h0, const T* w_hT, const T* c0, T* outs, T* cells, T* h_n,
                             T* c_n, const int64_t* bs) {
@@ -197,7 +241,7 @@ __global__ void __launch_bounds__(kLocalMaxThreads, 1)
   const int64_t KC = (S + kChunk<T> - 1) / kChunk<T>, KT = 2 * KC;
   const int64_t ld = local_ld<T>(S);
   const TileShare share(S, Q);
-  const int C = share.C, rank = share.rank, first = share.first, slices = share.slices;
+  const int first = share.first, slices = share.slices;
   uint2* frag = reinterpret_cast<uint2*>(smem);
   // h of the rows, two buffers: step t reads (t + 1) % 2 (h_{t-1}) and
   // writes t % 2.
@@ -215,14 +259,19 @@ __global__ void __launch_bounds__(kLocalMaxThreads, 1)
     const int64_t r = e / S, k = e % S;
     if (r0 + r < B) hbuf[(kLocalRows + r) * ld + k] = h0[(r0 + r) * S + k];
   }
+  Exchange x;
+  if constexpr (kCluster) {
+    x = make_exchange(hbuf, hbuf + 2 * kLocalRows * ld, share, local_tiles(S, Q),
+                      kLocalRows * 8 * Q * sizeof(T));
+  }
   local_barrier<kCluster>();  // the cluster's buffers are ready before step 0 writes them
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t step_gates = B * 3 * S, step_state = B * S;
   const bool owner = warp < slices;
+  if (kCluster && !owner) return;  // no tiles: no step waits for this warp
   const uint2* my_frag = frag + warp * KT * NT * 32;
   const Places<Q> at(B, S, r0, ld, first + warp, lane);
-  const uint32_t h_shared = shared_address(hbuf);
 
   float c_reg[2][Q][2] = {}, b_reg[Q][3][2] = {};
   // P of (half, q, gate), two columns a register, in two sets: the step
@@ -268,6 +317,9 @@ __global__ void __launch_bounds__(kLocalMaxThreads, 1)
     const bool last = t == steps - 1;
     const int64_t n = kPacked ? rows_at(bs, B, steps, t) : B;
     const int64_t n_next = kPacked ? rows_at(bs, B, steps, t + 1) : 0;
+    // h_{t-1} is in buffer (t - 1) % 2, its phase (t - 1) / 2. Waited for
+    // by a block that is done, too: nothing may write to it once it exits.
+    if (kCluster && t > 0) x.wait((t - 1) & 1, (t - 1) >> 1);
     if (kPacked && r0 >= n) return false;  // sizes do not increase: this block is done
     const T* h_read = hbuf + ((t + 1) & 1) * kLocalRows * ld;
     const int64_t write_at = (t & 1) * kLocalRows * ld;
@@ -282,30 +334,34 @@ __global__ void __launch_bounds__(kLocalMaxThreads, 1)
       for (int half = 0; half < 2; ++half) {
 #pragma unroll
         for (int q = 0; q < Q; ++q) {
-          if (!at.ok[half][q] || (kPacked && at.row[half] >= n)) continue;
-          float rec[3][2];
-          gates_of_pair<Q>(acc, q, half, rec);
-          Pair<T> pre[3], hv, cv;
-          forward_pair<T>(p[half][q], rec, b_reg[q], c_reg[half][q], pre, hv, cv);
+          Pair<T> hv = {};  // rows past B (and done) push zeros: the peers count every byte
+          if (at.ok[half][q] && !(kPacked && at.row[half] >= n)) {
+            float rec[3][2];
+            gates_of_pair<Q>(acc, q, half, rec);
+            Pair<T> pre[3], cv;
+            forward_pair<T>(p[half][q], rec, b_reg[q], c_reg[half][q], pre, hv, cv);
 #pragma unroll
-          for (int g = 0; g < 3; ++g) store_pair(g_t + at.gate[half][q] + g * S, pre[g]);
-          store_pair(o_t + at.state[half][q], hv);
-          store_pair(c_t + at.state[half][q], cv);
-          store_pair(hbuf + write_at + at.buf[half][q], hv);
-          if (kCluster && !last) {  // no step reads the last h
-            store_pair_peers<T>(
-                h_shared + static_cast<uint32_t>((write_at + at.buf[half][q]) * sizeof(T)), hv,
-                rank, C);
+            for (int g = 0; g < 3; ++g) store_pair(g_t + at.gate[half][q] + g * S, pre[g]);
+            store_pair(o_t + at.state[half][q], hv);
+            store_pair(c_t + at.state[half][q], cv);
+            store_pair(hbuf + write_at + at.buf[half][q], hv);
+            if (kPacked ? at.row[half] >= n_next : last) {  // the row's last step
+              store_pair(h_n + at.state[half][q], hv);
+              store_pair(c_n + at.state[half][q], cv);
+            }
           }
-          if (kPacked ? at.row[half] >= n_next : last) {  // the row's last step
-            store_pair(h_n + at.state[half][q], hv);
-            store_pair(c_n + at.state[half][q], cv);
+          if (kCluster && !last) {  // no step reads the last h
+            x.push(static_cast<uint32_t>((write_at + at.buf[half][q]) * sizeof(T)), t & 1, hv);
           }
         }
       }
       prefetch_p(p, t + 2);
     }
-    local_barrier<kCluster>();  // h_t written before the next step reads it
+    if constexpr (kCluster) {
+      if (!last) x.arrive(t & 1);
+    } else {
+      __syncthreads();  // h_t written before the next step reads it
+    }
     return true;
   };
   for (int64_t t = 0; t < steps; t += 2) {
@@ -323,7 +379,7 @@ __global__ void __launch_bounds__(kLocalMaxThreads, 1)
 // `partial` (summed in registers over the chunk, in a fixed order). The
 // grid and clusters as the forward's.
 template <typename T, int Q, bool kPacked, bool kCluster>
-__global__ void __launch_bounds__(kLocalMaxThreads, 1)
+__global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
     backward_tc_local_kernel(int64_t T_, int64_t t0, int64_t t1, int64_t K, int64_t B, int64_t S,
                              const T* go, const T* ghn, const T* gcn, T* dG, const T* w_h,
                              int64_t ld_w, T* dc, const T* gates, const T* cells, const T* c0,
@@ -333,7 +389,7 @@ __global__ void __launch_bounds__(kLocalMaxThreads, 1)
   const int64_t S3 = 3 * S, KC = (S3 + kChunk<T> - 1) / kChunk<T>, KT = 2 * KC;
   const int64_t ld = local_ld<T>(S3);
   const TileShare share(S, Q);
-  const int C = share.C, rank = share.rank, first = share.first, slices = share.slices;
+  const int first = share.first, slices = share.slices;
   uint2* frag = reinterpret_cast<uint2*>(smem);
   // dG of the rows, two buffers: step t reads dG_{t+1} from buffer (t + 1)
   // % 2 and writes dG_t to t % 2.
@@ -357,13 +413,18 @@ __global__ void __launch_bounds__(kLocalMaxThreads, 1)
       if (r0 + r < B) dst[r * ld + k] = src[(r0 + r) * S3 + k];
     }
   }
+  Exchange x;
+  if constexpr (kCluster) {
+    x = make_exchange(gbuf, gbuf + 2 * kLocalRows * ld, share, local_tiles(S, Q),
+                      3 * kLocalRows * 8 * Q * sizeof(T));
+  }
   local_barrier<kCluster>();  // the cluster's buffers are ready before the first step writes them
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const bool owner = warp < slices;
+  if (kCluster && !owner) return;  // no tiles: no step waits for this warp
   const uint2* my_frag = frag + warp * KT * NT * 32;
   const Places<Q> at(B, S, r0, ld, first + warp, lane);
-  const uint32_t g_shared = shared_address(gbuf);
 
   float dc_reg[2][Q][2] = {};
   // Column sums of the block's dG over the chunk (this thread's rows).
@@ -375,6 +436,7 @@ __global__ void __launch_bounds__(kLocalMaxThreads, 1)
     Pair<T> go[2][Q], g[2][Q][3], c[2][Q];
   };
   Inputs in_set[2] = {};
+  const bool one = pairs_aligned<T>(go, gates, cells, c0);
   auto prefetch = [&](Inputs& in, int64_t t) {
     if (t < t0) return;
     const T* g_t = gates + t * step_gates;
@@ -385,10 +447,12 @@ __global__ void __launch_bounds__(kLocalMaxThreads, 1)
 #pragma unroll
       for (int q = 0; q < Q; ++q) {
         if (!at.ok[half][q]) continue;
-        in.go[half][q] = go_t != nullptr ? load_two(go_t + at.state[half][q]) : Pair<T>{};
+        in.go[half][q] = go_t != nullptr ? load_pair_if(go_t + at.state[half][q], one) : Pair<T>{};
 #pragma unroll
-        for (int g = 0; g < 3; ++g) in.g[half][q][g] = load_two(g_t + at.gate[half][q] + g * S);
-        in.c[half][q] = load_two(c_prev + at.state[half][q]);
+        for (int g = 0; g < 3; ++g) {
+          in.g[half][q][g] = load_pair_if(g_t + at.gate[half][q] + g * S, one);
+        }
+        in.c[half][q] = load_pair_if(c_prev + at.state[half][q], one);
       }
     }
   };
@@ -412,6 +476,11 @@ __global__ void __launch_bounds__(kLocalMaxThreads, 1)
     const int64_t n_next = kPacked ? rows_at(bs, B, T_, t + 1) : 0;
     const T* g_read = gbuf + ((t + 1) & 1) * kLocalRows * ld;
     const int64_t write_at = (t & 1) * kLocalRows * ld;
+    // dG_{t+1} (not the chunk's first step's: from global memory) is in
+    // buffer (t + 1) % 2, the (t1 - 2 - t)-th the chunk pushed, its phase
+    // half that. Waited for even where the product is skipped: each phase
+    // needs this block's arrivals in turn.
+    if (kCluster && t < t1 - 1) x.wait((t + 1) & 1, (t1 - 2 - t) >> 1);
     float acc[NT][4] = {};
     // Rows with no step after this one (all, at the last): no recurrent
     // gradient (their dG_{t+1} rows are zero: skipping is only faster).
@@ -427,30 +496,39 @@ __global__ void __launch_bounds__(kLocalMaxThreads, 1)
         const bool row_last = kPacked ? at.row[half] >= n_next : last;
 #pragma unroll
         for (int q = 0; q < Q; ++q) {
-          if (!at.ok[half][q]) continue;
-          const float rec[2] = {acc[q][2 * half], acc[q][2 * half + 1]};
-          float d[3][2];
-          backward_pair<T>(live, rec, in.go[half][q],
-                           row_last && ghn != nullptr ? ghn + at.state[half][q] : nullptr,
-                           in.g[half][q], in.c[half][q], dc_reg[half][q], d);
+          Pair<T> v[3] = {};  // rows past B push zeros: the peers count every byte
+          if (at.ok[half][q]) {
+            const float rec[2] = {acc[q][2 * half], acc[q][2 * half + 1]};
+            float d[3][2];
+            backward_pair<T>(live, rec, in.go[half][q],
+                             row_last && ghn != nullptr ? ghn + at.state[half][q] : nullptr,
+                             in.g[half][q], in.c[half][q], dc_reg[half][q], d);
 #pragma unroll
-          for (int g = 0; g < 3; ++g) {
-            float r0v, r1v;
-            const Pair<T> v = pack_rounded<T>(d[g][0], d[g][1], r0v, r1v);
-            store_pair(dg_t + at.gate[half][q] + g * S, v);
-            const int64_t b = write_at + at.buf[half][q] + g * S;
-            store_pair(gbuf + b, v);
-            if (kCluster && t > t0) {  // the chunk's earliest dG is read from global memory
-              store_pair_peers<T>(g_shared + static_cast<uint32_t>(b * sizeof(T)), v, rank, C);
+            for (int g = 0; g < 3; ++g) {
+              float r0v, r1v;
+              v[g] = pack_rounded<T>(d[g][0], d[g][1], r0v, r1v);
+              store_pair(dg_t + at.gate[half][q] + g * S, v[g]);
+              store_pair(gbuf + write_at + at.buf[half][q] + g * S, v[g]);
+              sums[g][q][0] += d[g][0];
+              sums[g][q][1] += d[g][1];
             }
-            sums[g][q][0] += d[g][0];
-            sums[g][q][1] += d[g][1];
+          }
+          if (kCluster && t > t0) {  // the chunk's earliest dG is read from global memory
+#pragma unroll
+            for (int g = 0; g < 3; ++g) {
+              const int64_t b = write_at + at.buf[half][q] + g * S;
+              x.push(static_cast<uint32_t>(b * sizeof(T)), t & 1, v[g]);
+            }
           }
         }
       }
       prefetch(in, t - 2);
     }
-    local_barrier<kCluster>();  // dG_t written before the next step reads it
+    if constexpr (kCluster) {
+      if (t > t0) x.arrive(t & 1);
+    } else {
+      __syncthreads();  // dG_t written before the next step reads it
+    }
   };
   for (int64_t t = t1 - 1; t >= t0; t -= 2) {
     step(t, in_set[0]);
