@@ -843,7 +843,8 @@ __global__ void __launch_bounds__(kTcThreads, 1)
       for (int q = 0; q < Q; ++q) {
         if (!valid(half, q)) continue;
         const int64_t i = at(half, q), row = row_base + 8 * half, j = col_base + 8 * q;
-        n_go[q][half] = go != nullptr ? load_pair_if(go + t * step_state + i, one) : Pair<T>{};
+        // Without grad_outputs n_go keeps its initial zero.
+        if (go != nullptr) n_go[q][half] = load_pair_if(go + t * step_state + i, one);
 #pragma unroll
         for (int g = 0; g < 3; ++g) {
           n_g[q][half][g] = load_pair_if(g_t + row * S3 + g * S + j, one);

@@ -447,7 +447,8 @@ __global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
 #pragma unroll
       for (int q = 0; q < Q; ++q) {
         if (!at.ok[half][q]) continue;
-        in.go[half][q] = go_t != nullptr ? load_pair_if(go_t + at.state[half][q], one) : Pair<T>{};
+        // Without grad_outputs in.go keeps its initial zero.
+        if (go_t != nullptr) in.go[half][q] = load_pair_if(go_t + at.state[half][q], one);
 #pragma unroll
         for (int g = 0; g < 3; ++g) {
           in.g[half][q][g] = load_pair_if(g_t + at.gate[half][q] + g * S, one);
