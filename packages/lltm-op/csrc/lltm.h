@@ -74,20 +74,37 @@ struct AccurateMath {
 // half-type kernels bound by memory, not by math: the correctly rounded
 // __frcp_rn (0.5 ulp) is a multi-instruction sequence with a slow path,
 // which cost the cell forward 10% on an H100. NaN, +-inf and overflow come
-// out as from AccurateMath.
-struct FastMath {
+// out as from AccurateMath. kFtz: the same instructions flushing subnormal
+// inputs and results to zero (.ftz), without the range check and rescale
+// each otherwise carries (see TcMath in lltm_sequence_tc.cuh).
+template <bool kFtz>
+struct HardwareMath {
+  static __device__ __forceinline__ float exp(float v) {
+    if constexpr (kFtz) {
+      float r;
+      asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v * 1.4426950408889634f));
+      return r;
+    } else {
+      return __expf(v);
+    }
+  }
   static __device__ __forceinline__ float rcp(float v) {
     float r;
-    asm("rcp.approx.f32 %0, %1;" : "=f"(r) : "f"(v));
+    if constexpr (kFtz) {
+      asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
+    } else {
+      asm("rcp.approx.f32 %0, %1;" : "=f"(r) : "f"(v));
+    }
     return r;
   }
-  static __device__ __forceinline__ float expm1(float v) { return __expf(v) - 1.0f; }
+  static __device__ __forceinline__ float expm1(float v) { return exp(v) - 1.0f; }
   static __device__ __forceinline__ float tanh(float v) {
-    return 1.0f - 2.0f * rcp(__expf(2.0f * v) + 1.0f);
+    return 1.0f - 2.0f * rcp(exp(2.0f * v) + 1.0f);
   }
-  static __device__ __forceinline__ float sigmoid(float x) { return rcp(1.0f + __expf(-x)); }
+  static __device__ __forceinline__ float sigmoid(float x) { return rcp(1.0f + exp(-x)); }
   static __device__ __forceinline__ float select(bool c, float a, float b) { return c ? a : b; }
 };
+using FastMath = HardwareMath<false>;
 #endif
 
 // Forward of one element: pre-activations gi, go, gz and the old cell state.

@@ -588,28 +588,11 @@ __device__ __forceinline__ void gates_of_pair(const float (&acc)[3 * Q][4], int 
 // The cell's math in these kernels: the hardware exp2 and reciprocal in
 // every dtype, as FastMath, but flushing subnormal inputs and results to
 // zero (.ftz): without it each exp2 and reciprocal carries a range check
-// and rescale (four more instructions), on every step's chain. float32
-// here is on TF32 tensor cores, whose products carry about 1e-3 relative
-// error: the cell's 1e-6 is nothing beside it, and a result below 2^-126
-// (a sigmoid of under -87) is zero instead of a subnormal.
-struct TcMath {
-  static __device__ __forceinline__ float exp(float v) {
-    float r;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v * 1.4426950408889634f));
-    return r;
-  }
-  static __device__ __forceinline__ float rcp(float v) {
-    float r;
-    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
-    return r;
-  }
-  static __device__ __forceinline__ float expm1(float v) { return exp(v) - 1.0f; }
-  static __device__ __forceinline__ float tanh(float v) {
-    return 1.0f - 2.0f * rcp(exp(2.0f * v) + 1.0f);
-  }
-  static __device__ __forceinline__ float sigmoid(float x) { return rcp(1.0f + exp(-x)); }
-  static __device__ __forceinline__ float select(bool c, float a, float b) { return c ? a : b; }
-};
+// and rescale (three or four more instructions), on every step's chain.
+// float32 here is on TF32 tensor cores, whose products carry about 1e-3
+// relative error: the cell's 1e-6 is nothing beside it, and a result below
+// 2^-126 (a sigmoid of under -87) is zero instead of a subnormal.
+using TcMath = HardwareMath<true>;
 
 // The forward cell of two neighbouring columns of one row (a pair): gate
 // g's pre-activation p[g] + rec[g] + bias[g], rounded to T, packed into
