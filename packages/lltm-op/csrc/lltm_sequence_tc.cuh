@@ -155,21 +155,30 @@ inline size_t backward_smem(int64_t S, int Q, int64_t bm) {
 // One weight fragment: lane `lane` of k tile kt holds the B operand of
 // column lane / 4 of its tile: logical rows 2 (lane % 4) + {0, 1} and
 // + {8, 9} (16-bit types, two to a register) or lane % 4 and + 4 (TF32),
-// each mapped to its k by permuted_k; `w(k, n)` returns the bits of the
-// element at k of the tile's column n (zero outside the matrix).
-template <typename T, typename Fn>
+// each mapped to its k by permuted_k (kNatural: k = kt * tile + row, for
+// A fragments that ldmatrix loads in k order); `w(k, n)` returns the bits
+// of the element at k of the tile's column n (zero outside the matrix).
+template <typename T, bool kNatural = false>
+__device__ __forceinline__ int64_t fragment_k(int64_t kt, int l) {
+  if constexpr (kNatural) {
+    return kt * (sizeof(T) == 4 ? 8 : 16) + l;
+  } else {
+    return permuted_k<T>(kt, l);
+  }
+}
+template <typename T, bool kNatural = false, typename Fn>
 __device__ __forceinline__ uint2 make_fragment(int64_t kt, int lane, Fn w) {
   const int n = lane >> 2;
+  auto at = [&](int l) { return w(fragment_k<T, kNatural>(kt, l), n); };
   uint2 f;
   if constexpr (sizeof(T) == 4) {
     const int l = lane & 3;
-    f.x = to_tf32(w(permuted_k<T>(kt, l), n));
-    f.y = to_tf32(w(permuted_k<T>(kt, l + 4), n));
+    f.x = to_tf32(at(l));
+    f.y = to_tf32(at(l + 4));
   } else {
     const int l = 2 * (lane & 3);  // logical k of b0's first element
-    f.x = uint32_t(w(permuted_k<T>(kt, l), n)) | (uint32_t(w(permuted_k<T>(kt, l + 1), n)) << 16);
-    f.y =
-        uint32_t(w(permuted_k<T>(kt, l + 8), n)) | (uint32_t(w(permuted_k<T>(kt, l + 9), n)) << 16);
+    f.x = uint32_t(at(l)) | (uint32_t(at(l + 1)) << 16);
+    f.y = uint32_t(at(l + 8)) | (uint32_t(at(l + 9)) << 16);
   }
   return f;
 }
@@ -178,7 +187,7 @@ __device__ __forceinline__ uint2 make_fragment(int64_t kt, int lane, Fn w) {
 // s, fragment (kt, nt) of lane l at frag[((s * KT + kt) * NT + nt) * 32 + l]
 // (see make_fragment); `w(s, k, nt, n)` returns the bits of one element of
 // tile nt.
-template <typename T, typename Fn>
+template <typename T, bool kNatural = false, typename Fn>
 __device__ __forceinline__ void load_weight_slices(uint2* frag, int slices, int64_t KT, int NT,
                                                    Fn w) {
   const int64_t per_slice = KT * NT * 32;
@@ -186,8 +195,8 @@ __device__ __forceinline__ void load_weight_slices(uint2* frag, int slices, int6
     const int slice = static_cast<int>(e / per_slice);
     const int64_t tile = (e % per_slice) / 32;
     const int nt = static_cast<int>(tile % NT);
-    frag[e] = make_fragment<T>(tile / NT, static_cast<int>(e % 32),
-                               [&](int64_t k, int n) { return w(slice, k, nt, n); });
+    frag[e] = make_fragment<T, kNatural>(tile / NT, static_cast<int>(e % 32),
+                                         [&](int64_t k, int n) { return w(slice, k, nt, n); });
   }
 }
 
@@ -314,6 +323,20 @@ struct SharedRows {
 // This thread's shared-memory address of p (a shared-memory pointer).
 __device__ __forceinline__ uint32_t shared_address(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// The four 8x8 matrices of 16-bit elements (or 8x4 of 32-bit ones) whose
+// rows the lanes' `addr` give (lanes 8 m .. 8 m + 7: matrix m), one a
+// register: lane l gets row l / 4, elements 2 (l % 4) + {0, 1} (32-bit:
+// element l % 4) of each, the layout of an mma A fragment (sm_75+).
+__device__ __forceinline__ void load_matrices(uint32_t (&r)[4], uint32_t addr) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+#else
+  __trap();  // never launched below sm_80 (the host checks the device)
+#endif
 }
 
 // The address in the cluster's shared memory window of this block's
@@ -594,20 +617,32 @@ __device__ __forceinline__ void gates_of_pair(const float (&acc)[3 * Q][4], int 
 // 2^-126 (a sigmoid of under -87) is zero instead of a subnormal.
 using TcMath = HardwareMath<true>;
 
-// The forward cell of two neighbouring columns of one row (a pair): gate
-// g's pre-activation p[g] + rec[g] + bias[g], rounded to T, packed into
-// pre[g] (what the backward recomputes from); the cell from the rounded
-// values and c (updated as stored); h and c packed into hv, cv.
+// The two elements of a prefetched pair as floats, read by an instruction
+// of their own (float32: an add of +0, exact but for the sign of a zero
+// input, which the cell does not tell apart). The block-local kernels read
+// their prefetched registers this way before a row's branch: a register a
+// load may still be writing on one path makes ptxas wait for every load
+// of that scoreboard before reusing it, and those are the next steps'.
 template <typename T>
-__device__ __forceinline__ void forward_pair(const Pair<T> (&p)[3], const float (&rec)[3][2],
-                                             const float (&bias)[3][2], float (&c)[2],
-                                             Pair<T> (&pre)[3], Pair<T>& hv, Pair<T>& cv) {
+__device__ __forceinline__ void floats_of(Pair<T> v, float (&f)[2]) {
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    f[e] = elem_of<T>(v, e);
+    if constexpr (sizeof(T) == 4) f[e] = __fadd_rn(f[e], 0.f);
+  }
+}
+
+// The forward cell of two neighbouring columns of one row (a pair) from the
+// gates' pre-activations z[g] = p[g] + rec[g] + bias[g] in float32: rounded
+// to T, packed into pre[g] (what the backward recomputes from); the cell
+// from the rounded values and c (updated as stored); h and c packed into
+// hv, cv.
+template <typename T>
+__device__ __forceinline__ void forward_pair_from(const float (&z)[3][2], float (&c)[2],
+                                                  Pair<T> (&pre)[3], Pair<T>& hv, Pair<T>& cv) {
   float x[3][2];
 #pragma unroll
-  for (int g = 0; g < 3; ++g) {
-    pre[g] = pack_rounded<T>(elem_of<T>(p[g], 0) + rec[g][0] + bias[g][0],
-                             elem_of<T>(p[g], 1) + rec[g][1] + bias[g][1], x[g][0], x[g][1]);
-  }
+  for (int g = 0; g < 3; ++g) pre[g] = pack_rounded<T>(z[g][0], z[g][1], x[g][0], x[g][1]);
   float nh[2], nc[2];
 #pragma unroll
   for (int e = 0; e < 2; ++e) {
@@ -616,27 +651,56 @@ __device__ __forceinline__ void forward_pair(const Pair<T> (&p)[3], const float 
   hv = pack_rounded<T>(nh[0], nh[1], nh[0], nh[1]);
   cv = pack_rounded<T>(nc[0], nc[1], c[0], c[1]);
 }
-
-// The backward cell of a pair: grad_h = rec + go (+ grad_h_n at ghn where
-// not null), d[g] the pre-activation gradients of the three gates (g[g]
-// their pre-activations, c the previous cell state), dc updated (rounded
-// as stored). A row that does not run (!live) gets zero d, its dc held.
+// The same from p (T), rec and bias.
 template <typename T>
-__device__ __forceinline__ void backward_pair(bool live, const float (&rec)[2], Pair<T> go,
-                                              const T* ghn, const Pair<T> (&g)[3], Pair<T> c,
-                                              float (&dc)[2], float (&d)[3][2]) {
+__device__ __forceinline__ void forward_pair(const Pair<T> (&p)[3], const float (&rec)[3][2],
+                                             const float (&bias)[3][2], float (&c)[2],
+                                             Pair<T> (&pre)[3], Pair<T>& hv, Pair<T>& cv) {
+  float z[3][2];
+#pragma unroll
+  for (int g = 0; g < 3; ++g) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) z[g][e] = elem_of<T>(p[g], e) + rec[g][e] + bias[g][e];
+  }
+  forward_pair_from<T>(z, c, pre, hv, cv);
+}
+
+// The backward cell of a pair from floats: grad_h = rec + go (+ grad_h_n
+// at ghn where not null), d[g] the pre-activation gradients of the three
+// gates (g[g] their pre-activations, c the previous cell state), dc
+// updated (rounded as stored). A row that does not run (!live) gets zero
+// d, its dc held.
+template <typename T>
+__device__ __forceinline__ void backward_pair_from(bool live, const float (&rec)[2],
+                                                   const float (&go)[2], const T* ghn,
+                                                   const float (&g)[3][2], const float (&c)[2],
+                                                   float (&dc)[2], float (&d)[3][2]) {
 #pragma unroll
   for (int e = 0; e < 2; ++e) {
     d[0][e] = d[1][e] = d[2][e] = 0.f;
     if (!live) continue;
-    float grad_h = rec[e] + elem_of<T>(go, e);
+    float grad_h = rec[e] + go[e];
     if (ghn != nullptr) grad_h += to_acc(ghn[e]);
     float d_c;
-    cell_backward_math<float, TcMath>(grad_h, dc[e], elem_of<T>(g[0], e), elem_of<T>(g[1], e),
-                                      elem_of<T>(g[2], e), elem_of<T>(c, e), d[0][e], d[1][e],
-                                      d[2][e], d_c);
+    cell_backward_math<float, TcMath>(grad_h, dc[e], g[0][e], g[1][e], g[2][e], c[e], d[0][e],
+                                      d[1][e], d[2][e], d_c);
     dc[e] = to_acc(to_storage<T>(d_c));
   }
+}
+// The same from pairs of T.
+template <typename T>
+__device__ __forceinline__ void backward_pair(bool live, const float (&rec)[2], Pair<T> go,
+                                              const T* ghn, const Pair<T> (&g)[3], Pair<T> c,
+                                              float (&dc)[2], float (&d)[3][2]) {
+  float gof[2], gf[3][2], cf[2];
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    gof[e] = elem_of<T>(go, e);
+    cf[e] = elem_of<T>(c, e);
+#pragma unroll
+    for (int k = 0; k < 3; ++k) gf[k][e] = elem_of<T>(g[k], e);
+  }
+  backward_pair_from<T>(live, rec, gof, ghn, gf, cf, dc, d);
 }
 
 // -- forward --------------------------------------------------------------------------------

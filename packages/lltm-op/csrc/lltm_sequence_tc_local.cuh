@@ -38,11 +38,12 @@
 namespace tc {
 
 constexpr int64_t kLocalRows = 16;  // batch rows a block (cluster)
-// At most 16 warps (column tiles) a block: the launch bound. The rule
-// (compute_local_launch) gives one block up to 12, a cluster's blocks 4.
-constexpr int kLocalMaxWarps = 16;
-// A cluster's blocks at most 8 (the rule gives them 4): 255 registers a
-// thread, where 16 warps leave 128 and the float32 cluster kernels spill.
+// At most 12 warps (column tiles) a block, what the rule
+// (compute_local_launch) gives one block: the launch bound, 168 registers
+// a thread (16 warps would leave 128, where the float32 backward spills).
+constexpr int kLocalMaxWarps = 12;
+// A cluster's blocks at most 8 (the rule gives them 4 or 8): 255
+// registers a thread.
 constexpr int kLocalClusterMaxWarps = 8;
 template <bool kCluster>
 constexpr int local_max_threads() {
@@ -54,13 +55,13 @@ constexpr int kLocalMaxCluster = 16;
 
 // Row stride (elements) of a [16, K] state buffer in shared memory: K
 // rounded up to whole chunks (the product reads whole chunks; the padding
-// stays zero), then to 64 bytes past a multiple of 128 so that the two rows
-// a quarter-warp reads at once fall in different banks.
+// stays zero), then to 16 bytes past a multiple of 128 so that the eight
+// rows of an ldmatrix (16 bytes each) fall in different banks.
 template <typename T>
 __host__ __device__ inline int64_t local_ld(int64_t K) {
   const int64_t bytes =
       (K + kChunk<T> - 1) / kChunk<T> * kChunk<T> * static_cast<int64_t>(sizeof(T));
-  const int64_t padded = bytes + (64 - bytes % 128 + 128) % 128;
+  const int64_t padded = bytes + (16 - bytes % 128 + 128) % 128;
   return padded / static_cast<int64_t>(sizeof(T));
 }
 
@@ -126,13 +127,17 @@ struct Exchange {
   __device__ __forceinline__ uint32_t bar_of(int64_t b) const {
     return bar + static_cast<uint32_t>(b) * 8;
   }
-  // v to the other active blocks' buffers at byte offset `off` of this
-  // block's buffer `b`, counted on their mbarrier of it.
-  template <typename V>
-  __device__ __forceinline__ void push(uint32_t off, int64_t b, V v) const {
+  // v[n] to the other active blocks' buffers at byte offset off[n] of this
+  // block's buffer `b`, counted on their mbarrier of it: a peer's
+  // addresses once, then its N stores (a block's window of the cluster's
+  // shared memory is contiguous).
+  template <int N, typename V>
+  __device__ __forceinline__ void push(const uint32_t (&off)[N], int64_t b, const V (&v)[N]) const {
     for (int i = 1; i < active; ++i) {
       const uint32_t r = static_cast<uint32_t>(rank + i < active ? rank + i : rank + i - active);
-      store_async(cluster_address(buf + off, r), v, cluster_address(bar_of(b), r));
+      const uint32_t to = cluster_address(buf, r), bar_r = cluster_address(bar_of(b), r);
+#pragma unroll
+      for (int n = 0; n < N; ++n) store_async(to + off[n], v[n], bar_r);
     }
   }
   // The warp's columns of buffer b written (its own, and pushed to the
@@ -165,25 +170,80 @@ __device__ __forceinline__ Exchange make_exchange(const void* buf, const void* b
   return x;
 }
 
-// The product with A from this block's shared memory (G = kLocalGroup),
-// its k tiles in P independent chains (P = 2: the two tiles of a chunk;
-// P = 4: and the two groups, see tile_product_chains), summed at the end:
-// a warp owns few columns here (one tile backward), and one chain of
+// A fragments of chunks c .. c + G - 1 (two k tiles each: 32 bytes of a
+// row apart; stopping at KC) of the state rows that `a` (this lane's
+// ldmatrix address of k tile 0, see a_lane) points at, in k order (the
+// weight fragments are loaded kNatural); float32 rounded to TF32.
+template <typename T, int G>
+__device__ __forceinline__ void load_a_chunks(uint32_t (&v)[G][2][4], uint32_t a, int c, int KC) {
+#pragma unroll
+  for (int u = 0; u < G; ++u) {
+    if (c + u >= KC) break;
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+      load_matrices(v[u][s], a + 32 * (2 * (c + u) + s));
+      if constexpr (sizeof(T) == 4) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) v[u][s][e] = to_tf32(v[u][s][e]);
+      }
+    }
+  }
+}
+
+// Chunks c .. c + G - 1 (stopping at KC): the first k tile of each into
+// lo, the second into hi.
+template <typename T, int NT, int G>
+__device__ __forceinline__ void mma_a_chunks(float (&lo)[NT][4], float (&hi)[NT][4],
+                                             const uint32_t (&v)[G][2][4], int c, int KC,
+                                             const uint2* frag) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int u = 0; u < G; ++u) {
+    if (c + u >= KC) break;
+    const uint2* f = frag + (c + u) * 2 * NT * 32 + lane;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) mma_tile<T>(lo[nt], v[u][0], f[nt * 32]);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) mma_tile<T>(hi[nt], v[u][1], f[(NT + nt) * 32]);
+  }
+}
+
+// This lane's ldmatrix address in a [16, ld] state buffer at shared
+// address `buf`: lanes 0-7 give rows 0-7 of a k tile's first 16 bytes
+// (the A fragment's a0), 8-15 rows 8-15 (a1), 16-31 the same rows' next
+// 16 bytes (a2, a3).
+template <typename T>
+__device__ __forceinline__ uint32_t a_lane(uint32_t buf, int64_t ld, int lane) {
+  const int row = (lane & 7) + 8 * ((lane >> 3) & 1);
+  return buf + static_cast<uint32_t>(row * ld * sizeof(T)) + 16 * (lane >> 4);
+}
+
+// The product of KC chunks with A from this block's shared memory (see
+// load_a_chunks: ldmatrix, no register moves to form the fragments), its
+// k tiles in P independent chains (P = 2: the two tiles of a chunk; P = 4:
+// and alternate groups of G = kLocalGroup chunks), summed at the end: a
+// warp owns few columns here (one tile backward), and one chain of
 // dependent mma over the whole K would be most of a step.
 template <typename T, int NT, int P>
-__device__ __forceinline__ void local_product(float (&acc)[NT][4], const T* ra, const T* rb,
-                                              int64_t K, int64_t KC, const uint2* frag) {
+__device__ __forceinline__ void local_product(float (&acc)[NT][4], uint32_t a, int KC,
+                                              const uint2* frag) {
   static_assert(P == 2 || P == 4, "two or four chains");
-  float part[P / 2][2][NT][4] = {};
-  tile_product_chains<T, NT, kLocalGroup>(part[0][0], part[0][1], part[P / 2 - 1][0],
-                                          part[P / 2 - 1][1], SharedRows<T>{ra, rb}, K, 0, KC,
-                                          frag);
+  constexpr int G = kLocalGroup;
+  float part[P][NT][4] = {};
+  uint32_t va[G][2][4], vb[G][2][4];
+  load_a_chunks<T, G>(va, a, 0, KC);
+  for (int c = 0; c < KC; c += 2 * G) {
+    load_a_chunks<T, G>(vb, a, c + G, KC);
+    mma_a_chunks<T, NT, G>(part[0], part[1], va, c, KC, frag);
+    load_a_chunks<T, G>(va, a, c + 2 * G, KC);
+    mma_a_chunks<T, NT, G>(part[P - 2], part[P - 1], vb, c + G, KC, frag);
+  }
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      float v = part[0][0][nt][e] + part[0][1][nt][e];
-      if constexpr (P == 4) v += part[1][0][nt][e] + part[1][1][nt][e];
+      float v = part[0][nt][e] + part[1][nt][e];
+      if constexpr (P == 4) v += part[2][nt][e] + part[3][nt][e];
       acc[nt][e] = v;
     }
   }
@@ -200,11 +260,11 @@ __device__ __forceinline__ void zero_shared(T* p, int64_t count) {
 // What a thread of column tile `tile` owns, fixed for the launch: element
 // offsets (int32: a block row's element offsets are below 2^31, as the
 // plan's grid bounds B) of its pairs (half, q) in a step's state ([B, S]),
-// gates ([B, 3S]) and the block's shared state buffer, and whether the pair
-// is in the matrix.
+// gates ([B, 3S], gate g's) and the block's shared state buffer, and
+// whether the pair is in the matrix.
 template <int Q>
 struct Places {
-  int state[2][Q], gate[2][Q], buf[2][Q];
+  int state[2][Q], gate[2][Q][3], buf[2][Q];
   bool ok[2][Q];
   int64_t row[2];
   int64_t col;  // the first column of the thread's first pair
@@ -218,8 +278,12 @@ struct Places {
       for (int q = 0; q < Q; ++q) {
         const int64_t j = col + 8 * q;
         ok[half][q] = row[half] < B && j < S;
-        state[half][q] = static_cast<int>(row[half] * S + j);
-        gate[half][q] = static_cast<int>(row[half] * 3 * S + j);
+        // A row past B reads row B - 1 (its prefetch, unused; see
+        // prefetch_p): every store is of rows in the matrix.
+        const int64_t r = std::min(row[half], B - 1);
+        state[half][q] = static_cast<int>(r * S + j);
+#pragma unroll
+        for (int g = 0; g < 3; ++g) gate[half][q][g] = static_cast<int>(r * 3 * S + g * S + j);
         buf[half][q] = static_cast<int>((row[half] - r0) * ld_buf + j);
       }
     }
@@ -238,7 +302,7 @@ __global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
                             T* c_n, const int64_t* bs) {
   constexpr int NT = 3 * Q;
   extern __shared__ __align__(16) unsigned char smem[];
-  const int64_t KC = (S + kChunk<T> - 1) / kChunk<T>, KT = 2 * KC;
+  const int KC = static_cast<int>((S + kChunk<T> - 1) / kChunk<T>), KT = 2 * KC;
   const int64_t ld = local_ld<T>(S);
   const TileShare share(S, Q);
   const int first = share.first, slices = share.slices;
@@ -248,11 +312,12 @@ __global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
   T* hbuf = reinterpret_cast<T*>(smem + share.per_block * weight_bytes(KT, NT));
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kLocalRows;
   // Slice w, tile nt = g * Q + q: gate g, columns 8 (Q (first + w) + q) .. + 7.
-  load_weight_slices<T>(frag, slices, KT, NT, [&](int w, int64_t k, int nt, int n) -> uint32_t {
-    const int64_t j = 8 * (Q * (first + w) + nt % Q) + n;
-    if (k >= S || j >= S) return 0;
-    return bits_of(w_hT[k * 3 * S + (nt / Q) * S + j]);
-  });
+  load_weight_slices<T, true>(frag, slices, KT, NT,
+                              [&](int w, int64_t k, int nt, int n) -> uint32_t {
+                                const int64_t j = 8 * (Q * (first + w) + nt % Q) + n;
+                                if (k >= S || j >= S) return 0;
+                                return bits_of(w_hT[k * 3 * S + (nt / Q) * S + j]);
+                              });
   zero_shared(hbuf, 2 * kLocalRows * ld);
   __syncthreads();
   for (int64_t e = threadIdx.x; e < kLocalRows * S; e += blockDim.x) {
@@ -272,6 +337,8 @@ __global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
   if (kCluster && !owner) return;  // no tiles: no step waits for this warp
   const uint2* my_frag = frag + warp * KT * NT * 32;
   const Places<Q> at(B, S, r0, ld, first + warp, lane);
+  const uint32_t a_of_buf = a_lane<T>(shared_address(hbuf), ld, lane);
+  const uint32_t buf_bytes = static_cast<uint32_t>(kLocalRows * ld * sizeof(T));
 
   float c_reg[2][Q][2] = {}, b_reg[Q][3][2] = {};
   // P of (half, q, gate), two columns a register, in two sets: the step
@@ -280,16 +347,20 @@ __global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
   // to arrive (a load from global memory takes longer than one; a copy
   // from set to set would wait for it).
   Pair<T> p_set[2][2][Q][3] = {};
-  auto prefetch_p = [&](Pair<T>(&p)[2][Q][3], int64_t t) {
-    if (t >= steps) return;
-    const T* g_t = gates + t * step_gates;
+  // P_t from g_t, the gates of step t: one straight run of loads, none
+  // skipped (rows past B read row B - 1, a step past the last step 0,
+  // unused), whose registers the step reads whether or not its rows run
+  // (see floats_of): branches around either made ptxas wait for the loads
+  // in flight where it reused a register (H100, 16-bit forward at B64:
+  // 0.2 us a step).
+  auto prefetch_p = [&](Pair<T>(&p)[2][Q][3], int64_t t, const T* g_t) {
+    const T* src = t < steps ? g_t : gates;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
 #pragma unroll
       for (int q = 0; q < Q; ++q) {
-        if (!at.ok[half][q]) continue;
 #pragma unroll
-        for (int g = 0; g < 3; ++g) p[half][q][g] = load_pair(g_t + at.gate[half][q] + g * S);
+        for (int g = 0; g < 3; ++g) p[half][q][g] = load_pair(src + at.gate[half][q][g]);
       }
     }
   };
@@ -308,9 +379,15 @@ __global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
         if (at.col + 8 * q < S) load_floats(bias + g * S + at.col + 8 * q, b_reg[q][g]);
       }
     }
-    prefetch_p(p_set[0], 0);
-    prefetch_p(p_set[1], 1);
+    prefetch_p(p_set[0], 0, gates);
+    prefetch_p(p_set[1], 1, gates + step_gates);
   }
+
+  // Step t's rows of gates, outs and cells: advanced a step at a time (no
+  // 64-bit products a step).
+  T* g_t = gates;
+  T* o_t = outs;
+  T* c_t = cells;
 
   // Step t with P in p; false where a packed run's block is done.
   auto step = [&](int64_t t, Pair<T>(&p)[2][Q][3]) -> bool {
@@ -321,47 +398,55 @@ __global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
     // by a block that is done, too: nothing may write to it once it exits.
     if (kCluster && t > 0) x.wait((t - 1) & 1, (t - 1) >> 1);
     if (kPacked && r0 >= n) return false;  // sizes do not increase: this block is done
-    const T* h_read = hbuf + ((t + 1) & 1) * kLocalRows * ld;
     const int64_t write_at = (t & 1) * kLocalRows * ld;
     if (owner) {
-      T* g_t = gates + t * step_gates;
-      T* o_t = outs + t * step_state;
-      T* c_t = cells + t * step_state;
       float acc[NT][4];
-      const T* ra = h_read + (lane >> 2) * ld;
-      local_product<T, NT, 2>(acc, ra, ra + 8 * ld, ld, KC, my_frag);
+      local_product<T, NT, 2>(acc, a_of_buf + ((t + 1) & 1) * buf_bytes, KC, my_frag);
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
 #pragma unroll
         for (int q = 0; q < Q; ++q) {
-          Pair<T> hv = {};  // rows past B (and done) push zeros: the peers count every byte
-          if (at.ok[half][q] && !(kPacked && at.row[half] >= n)) {
-            float rec[3][2];
-            gates_of_pair<Q>(acc, q, half, rec);
-            Pair<T> pre[3], cv;
-            forward_pair<T>(p[half][q], rec, b_reg[q], c_reg[half][q], pre, hv, cv);
+          float rec[3][2], z[3][2];
+          gates_of_pair<Q>(acc, q, half, rec);
 #pragma unroll
-            for (int g = 0; g < 3; ++g) store_pair(g_t + at.gate[half][q] + g * S, pre[g]);
-            store_pair(o_t + at.state[half][q], hv);
-            store_pair(c_t + at.state[half][q], cv);
-            store_pair(hbuf + write_at + at.buf[half][q], hv);
-            if (kPacked ? at.row[half] >= n_next : last) {  // the row's last step
-              store_pair(h_n + at.state[half][q], hv);
-              store_pair(c_n + at.state[half][q], cv);
-            }
+          for (int g = 0; g < 3; ++g) {
+            floats_of<T>(p[half][q][g], z[g]);  // whether or not the row runs: see prefetch_p
+#pragma unroll
+            for (int e = 0; e < 2; ++e) z[g][e] += rec[g][e] + b_reg[q][g][e];
           }
+          const bool live = at.ok[half][q] && !(kPacked && at.row[half] >= n);
+          // Rows past B (and done) push zeros: the peers count every byte.
+          Pair<T> pre[3], hv = {}, cv;
+          if (live) forward_pair_from<T>(z, c_reg[half][q], pre, hv, cv);
+          // h first to the peers and the block's buffer: the next step waits for it.
           if (kCluster && !last) {  // no step reads the last h
-            x.push(static_cast<uint32_t>((write_at + at.buf[half][q]) * sizeof(T)), t & 1, hv);
+            const uint32_t off[1] = {
+                static_cast<uint32_t>((write_at + at.buf[half][q]) * sizeof(T))};
+            const Pair<T> v[1] = {hv};
+            x.push(off, t & 1, v);
+          }
+          if (!live) continue;
+          store_pair(hbuf + write_at + at.buf[half][q], hv);
+#pragma unroll
+          for (int g = 0; g < 3; ++g) store_pair(g_t + at.gate[half][q][g], pre[g]);
+          store_pair(o_t + at.state[half][q], hv);
+          store_pair(c_t + at.state[half][q], cv);
+          if (kPacked ? at.row[half] >= n_next : last) {  // the row's last step
+            store_pair(h_n + at.state[half][q], hv);
+            store_pair(c_n + at.state[half][q], cv);
           }
         }
       }
-      prefetch_p(p, t + 2);
+      prefetch_p(p, t + 2, g_t + 2 * step_gates);
     }
     if constexpr (kCluster) {
       if (!last) x.arrive(t & 1);
     } else {
       __syncthreads();  // h_t written before the next step reads it
     }
+    g_t += step_gates;
+    o_t += step_state;
+    c_t += step_state;
     return true;
   };
   for (int64_t t = 0; t < steps; t += 2) {
@@ -386,7 +471,8 @@ __global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
                              float* partial, const int64_t* bs) {
   constexpr int NT = Q;
   extern __shared__ __align__(16) unsigned char smem[];
-  const int64_t S3 = 3 * S, KC = (S3 + kChunk<T> - 1) / kChunk<T>, KT = 2 * KC;
+  const int64_t S3 = 3 * S;
+  const int KC = static_cast<int>((S3 + kChunk<T> - 1) / kChunk<T>), KT = 2 * KC;
   const int64_t ld = local_ld<T>(S3);
   const TileShare share(S, Q);
   const int first = share.first, slices = share.slices;
@@ -397,11 +483,12 @@ __global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kLocalRows;
   // Slice w, tile nt: columns 8 (Q (first + w) + nt) .. + 7 of W_h ([3S, S],
   // rows of stride ld_w).
-  load_weight_slices<T>(frag, slices, KT, NT, [&](int w, int64_t k, int nt, int n) -> uint32_t {
-    const int64_t j = 8 * (Q * (first + w) + nt) + n;
-    if (k >= S3 || j >= S) return 0;
-    return bits_of(w_h[k * ld_w + j]);
-  });
+  load_weight_slices<T, true>(frag, slices, KT, NT,
+                              [&](int w, int64_t k, int nt, int n) -> uint32_t {
+                                const int64_t j = 8 * (Q * (first + w) + nt) + n;
+                                if (k >= S3 || j >= S) return 0;
+                                return bits_of(w_h[k * ld_w + j]);
+                              });
   zero_shared(gbuf, 2 * kLocalRows * ld);
   __syncthreads();
   const int64_t step_gates = B * S3, step_state = B * S;
@@ -425,6 +512,8 @@ __global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
   if (kCluster && !owner) return;  // no tiles: no step waits for this warp
   const uint2* my_frag = frag + warp * KT * NT * 32;
   const Places<Q> at(B, S, r0, ld, first + warp, lane);
+  const uint32_t a_of_buf = a_lane<T>(shared_address(gbuf), ld, lane);
+  const uint32_t buf_bytes = static_cast<uint32_t>(kLocalRows * ld * sizeof(T));
 
   float dc_reg[2][Q][2] = {};
   // Column sums of the block's dG over the chunk (this thread's rows).
@@ -437,24 +526,33 @@ __global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
   };
   Inputs in_set[2] = {};
   const bool one = pairs_aligned<T>(go, gates, cells, c0);
-  auto prefetch = [&](Inputs& in, int64_t t) {
-    if (t < t0) return;
-    const T* g_t = gates + t * step_gates;
-    const T* c_prev = t ? cells + (t - 1) * step_state : c0;
-    const T* go_t = go != nullptr ? go + t * step_state : nullptr;
+  // Step t's inputs from g_t (its gates) and c_t (its cells: c_{t-1} is
+  // c_t - step_state, or c0): as the forward's prefetch_p, straight runs of
+  // loads, none skipped (rows past B read row B - 1; a step before the
+  // chunk, or grad_outputs where there are none, read valid memory, unused).
+  const bool has_go = go != nullptr;
+  auto prefetch = [&](Inputs& in, int64_t t, const T* g_t, const T* c_t) {
+    const bool run = t >= t0;
+    const T* g_src = run ? g_t : gates;
+    const T* c_src = run && t > 0 ? c_t - step_state : c0;
+    const T* go_src = has_go ? go + (run ? t : t0) * step_state : cells;
+    auto load_all = [&](auto load) {
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
+      for (int half = 0; half < 2; ++half) {
 #pragma unroll
-      for (int q = 0; q < Q; ++q) {
-        if (!at.ok[half][q]) continue;
-        // Without grad_outputs in.go keeps its initial zero.
-        if (go_t != nullptr) in.go[half][q] = load_pair_if(go_t + at.state[half][q], one);
+        for (int q = 0; q < Q; ++q) {
+          in.go[half][q] = load(go_src + at.state[half][q]);
 #pragma unroll
-        for (int g = 0; g < 3; ++g) {
-          in.g[half][q][g] = load_pair_if(g_t + at.gate[half][q] + g * S, one);
+          for (int g = 0; g < 3; ++g) in.g[half][q][g] = load(g_src + at.gate[half][q][g]);
+          in.c[half][q] = load(c_src + at.state[half][q]);
         }
-        in.c[half][q] = load_pair_if(c_prev + at.state[half][q], one);
       }
+    };
+    // One branch for the whole set where the pairs may be unaligned.
+    if (sizeof(T) == 4 || one) {
+      load_all([](const T* a) { return load_pair_if<T>(a, true); });
+    } else {
+      load_all([](const T* a) { return load_two<T>(a); });
     }
   };
   if (owner) {
@@ -467,15 +565,20 @@ __global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
           load_floats(dc_in + at.state[half][q], dc_reg[half][q]);
       }
     }
-    prefetch(in_set[0], t1 - 1);
-    prefetch(in_set[1], t1 - 2);
+    prefetch(in_set[0], t1 - 1, gates + (t1 - 1) * step_gates, cells + (t1 - 1) * step_state);
+    prefetch(in_set[1], t1 - 2, gates + (t1 - 2) * step_gates, cells + (t1 - 2) * step_state);
   }
+
+  // Step t's rows of gates, cells and dG: moved a step at a time (no 64-bit
+  // products a step).
+  const T* g_t = gates + (t1 - 1) * step_gates;
+  const T* c_t = cells + (t1 - 1) * step_state;
+  T* dg_t = dG + (t1 - 1 - t0) * step_gates;
 
   auto step = [&](int64_t t, Inputs& in) {
     const bool last = t == T_ - 1;
     const int64_t n = kPacked ? rows_at(bs, B, T_, t) : B;
     const int64_t n_next = kPacked ? rows_at(bs, B, T_, t + 1) : 0;
-    const T* g_read = gbuf + ((t + 1) & 1) * kLocalRows * ld;
     const int64_t write_at = (t & 1) * kLocalRows * ld;
     // dG_{t+1} (not the chunk's first step's: from global memory) is in
     // buffer (t + 1) % 2, the (t1 - 2 - t)-th the chunk pushed, its phase
@@ -486,50 +589,65 @@ __global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
     // Rows with no step after this one (all, at the last): no recurrent
     // gradient (their dG_{t+1} rows are zero: skipping is only faster).
     if (owner && (kPacked ? r0 < n_next : !last)) {
-      const T* ra = g_read + (lane >> 2) * ld;
-      local_product<T, NT, 4>(acc, ra, ra + 8 * ld, ld, KC, my_frag);
+      local_product<T, NT, 4>(acc, a_of_buf + ((t + 1) & 1) * buf_bytes, KC, my_frag);
     }
     if (owner) {
-      T* dg_t = dG + (t - t0) * step_gates;
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const bool live = !kPacked || at.row[half] < n;
         const bool row_last = kPacked ? at.row[half] >= n_next : last;
 #pragma unroll
         for (int q = 0; q < Q; ++q) {
-          Pair<T> v[3] = {};  // rows past B push zeros: the peers count every byte
+          // The inputs read whether or not the row runs: see prefetch.
+          float gof[2], gf[3][2], cf[2];
+          floats_of<T>(in.go[half][q], gof);
+          floats_of<T>(in.c[half][q], cf);
+#pragma unroll
+          for (int g = 0; g < 3; ++g) floats_of<T>(in.g[half][q][g], gf[g]);
+          // Rows past B push zeros: the peers count every byte.
+          Pair<T> v[3] = {};
           if (at.ok[half][q]) {
             const float rec[2] = {acc[q][2 * half], acc[q][2 * half + 1]};
+            if (!has_go) gof[0] = gof[1] = 0.f;
             float d[3][2];
-            backward_pair<T>(live, rec, in.go[half][q],
-                             row_last && ghn != nullptr ? ghn + at.state[half][q] : nullptr,
-                             in.g[half][q], in.c[half][q], dc_reg[half][q], d);
+            backward_pair_from<T>(live, rec, gof,
+                                  row_last && ghn != nullptr ? ghn + at.state[half][q] : nullptr,
+                                  gf, cf, dc_reg[half][q], d);
 #pragma unroll
             for (int g = 0; g < 3; ++g) {
               float r0v, r1v;
               v[g] = pack_rounded<T>(d[g][0], d[g][1], r0v, r1v);
-              store_pair(dg_t + at.gate[half][q] + g * S, v[g]);
-              store_pair(gbuf + write_at + at.buf[half][q] + g * S, v[g]);
               sums[g][q][0] += d[g][0];
               sums[g][q][1] += d[g][1];
             }
           }
+          // dG first to the peers and the block's buffer: the next step
+          // waits for it.
+          const int64_t b = write_at + at.buf[half][q];
           if (kCluster && t > t0) {  // the chunk's earliest dG is read from global memory
+            uint32_t off[3];
 #pragma unroll
-            for (int g = 0; g < 3; ++g) {
-              const int64_t b = write_at + at.buf[half][q] + g * S;
-              x.push(static_cast<uint32_t>(b * sizeof(T)), t & 1, v[g]);
-            }
+            for (int g = 0; g < 3; ++g) off[g] = static_cast<uint32_t>((b + g * S) * sizeof(T));
+            x.push(off, t & 1, v);
+          }
+          if (!at.ok[half][q]) continue;
+#pragma unroll
+          for (int g = 0; g < 3; ++g) {
+            store_pair(gbuf + b + g * S, v[g]);
+            store_pair(dg_t + at.gate[half][q][g], v[g]);
           }
         }
       }
-      prefetch(in, t - 2);
+      prefetch(in, t - 2, g_t - 2 * step_gates, c_t - 2 * step_state);
     }
     if constexpr (kCluster) {
       if (t > t0) x.arrive(t & 1);
     } else {
       __syncthreads();  // dG_t written before the next step reads it
     }
+    g_t -= step_gates;
+    c_t -= step_state;
+    dg_t -= step_gates;
   };
   for (int64_t t = t1 - 1; t >= t0; t -= 2) {
     step(t, in_set[0]);
