@@ -241,13 +241,10 @@ __device__ __forceinline__ void load_group(uint4 (&v)[G][2], Get& get, int64_t K
   }
 }
 
-// A chunk's first k tile into lo[nt], its second into hi[nt], chunks c ..
-// c + G - 1 (stopping at c1). lo and hi may be the same accumulators (one
-// chain) or apart (two independent chains).
+// Both k tiles of chunks c .. c + G - 1 (stopping at c1) into acc[nt].
 template <typename T, int NT, int G>
-__device__ __forceinline__ void mma_group(float (&lo)[NT][4], float (&hi)[NT][4],
-                                          const uint4 (&v)[G][2], int64_t c, int64_t c1,
-                                          const uint2* frag) {
+__device__ __forceinline__ void mma_group(float (&acc)[NT][4], const uint4 (&v)[G][2], int64_t c,
+                                          int64_t c1, const uint2* frag) {
   const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int u = 0; u < G; ++u) {
@@ -256,37 +253,28 @@ __device__ __forceinline__ void mma_group(float (&lo)[NT][4], float (&hi)[NT][4]
     const uint32_t a_hi[4] = {v[u][0].z, v[u][1].z, v[u][0].w, v[u][1].w};
     const uint2* f = frag + (c + u) * 2 * NT * 32 + lane;
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) mma_tile<T>(lo[nt], a_lo, f[nt * 32]);
+    for (int nt = 0; nt < NT; ++nt) mma_tile<T>(acc[nt], a_lo, f[nt * 32]);
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) mma_tile<T>(hi[nt], a_hi, f[(NT + nt) * 32]);
+    for (int nt = 0; nt < NT; ++nt) mma_tile<T>(acc[nt], a_hi, f[(NT + nt) * 32]);
   }
 }
 
-// A[the thread's rows; chunks c0 .. c1) @ fragments, A read by `get` (see
-// load_group), two groups of G chunks in flight (G = kGroup for L2, whose
-// latency needs more loads in flight than shared memory's). The groups
-// alternate: the first's tiles go to a_lo / a_hi, the second's to b_lo /
-// b_hi (see mma_group): up to four independent chains of mma.
-template <typename T, int NT, int G, typename Get>
-__device__ __forceinline__ void tile_product_chains(float (&a_lo)[NT][4], float (&a_hi)[NT][4],
-                                                    float (&b_lo)[NT][4], float (&b_hi)[NT][4],
-                                                    Get get, int64_t K, int64_t c0, int64_t c1,
-                                                    const uint2* frag) {
+// acc[nt] += A[the thread's rows; chunks c0 .. c1) @ fragments, one chain
+// per tile, A read by `get` (see load_group), two groups of kGroup chunks
+// in flight (L2's latency needs more loads in flight than shared
+// memory's).
+template <typename T, int NT, typename Get>
+__device__ __forceinline__ void tile_product(float (&acc)[NT][4], Get get, int64_t K, int64_t c0,
+                                             int64_t c1, const uint2* frag) {
+  constexpr int G = kGroup;
   uint4 va[G][2], vb[G][2];
   load_group<T>(va, get, K, c0, c1);
   for (int64_t c = c0; c < c1; c += 2 * G) {
     load_group<T>(vb, get, K, c + G, c1);
-    mma_group<T, NT, G>(a_lo, a_hi, va, c, c1, frag);
+    mma_group<T, NT, G>(acc, va, c, c1, frag);
     load_group<T>(va, get, K, c + 2 * G, c1);
-    mma_group<T, NT, G>(b_lo, b_hi, vb, c + G, c1, frag);
+    mma_group<T, NT, G>(acc, vb, c + G, c1, frag);
   }
-}
-
-// acc[nt] += the product as one chain per tile.
-template <typename T, int NT, int G = kGroup, typename Get>
-__device__ __forceinline__ void tile_product(float (&acc)[NT][4], Get get, int64_t K, int64_t c0,
-                                             int64_t c1, const uint2* frag) {
-  tile_product_chains<T, NT, G>(acc, acc, acc, acc, get, K, c0, c1, frag);
 }
 
 // A in global memory, row-major, rows 16-byte aligned: rows ra and rb, read
@@ -297,16 +285,6 @@ struct GlobalRows {
   const T* rb;
   __device__ __forceinline__ uint4 operator()(int r, int64_t off) const {
     return __ldcg(reinterpret_cast<const uint4*>((r ? rb : ra) + off));
-  }
-};
-
-// A in this block's shared memory: rows ra and rb.
-template <typename T>
-struct SharedRows {
-  const T* ra;
-  const T* rb;
-  __device__ __forceinline__ uint4 operator()(int r, int64_t off) const {
-    return *reinterpret_cast<const uint4*>((r ? rb : ra) + off);
   }
 };
 
