@@ -732,8 +732,13 @@ constexpr int64_t kTcMaxStateReread = int64_t(32) << 20;
 // / 3.22. Up to local_max_s (forward, backward) per dtype, measured against
 // the global-barrier kernels (T256, B 8 / 64 / 256;
 // bench_lltm_sequence_variants.py --table local): 16-bit S = 512 forward
-// at C = 16 3.02 / 3.20 us at B8 / B64 against 3.04 / 4.19; float32 past
-// the bounds slower (S = 256 forward at B8 4.1-4.4 against 3.4).
+// at C = 16 3.02 / 3.20 us at B8 / B64 against 3.04 / 4.19; float32 on
+// TF32 (with ldmatrix and the straight prefetch) S = 256 forward at C = 8
+// / 8 / 4 3.25 / 3.39 / 3.99 us against 3.42 / 4.33 / 6.40 (B 8 / 64 /
+// 256), S = 128 backward at C = 4 3.85 / 3.99 / 4.05 against 3.91 / 4.75
+// / 6.14. Past the bounds slower: 16-bit backward at S = 512 (C = 16)
+// 5.9-6.3 against 3.5-5.2, float32 backward at S = 256 (C = 8 / 16)
+// 7.3-8.1 against 4.9-5.9.
 // LLTM_OP_SEQUENCE_LOCAL_CLUSTER=C asks for C blocks wherever they fit,
 // past local_max_s too.
 constexpr int kLocalOneBlockTiles = 8;
@@ -741,7 +746,7 @@ constexpr int kLocalClusterWarps = 4;
 template <typename T>
 int64_t local_max_s(bool forward) {
   if (sizeof(T) == 2) return forward ? 512 : 256;
-  return forward ? 128 : 96;
+  return forward ? 256 : 128;
 }
 
 // Clusters of `kernel` (C blocks of `threads`, `smem` bytes each) resident at

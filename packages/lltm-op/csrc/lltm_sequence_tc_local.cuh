@@ -170,23 +170,39 @@ __device__ __forceinline__ Exchange make_exchange(const void* buf, const void* b
   return x;
 }
 
+// The state buffers hold the product's A operand as the tensor cores take
+// it: float32 rounded to TF32 by the thread that writes an element, once,
+// instead of by every warp that reads it (each reads all of it; the
+// conversion was a quarter of the float32 forward's instructions a step).
+template <typename T>
+__device__ __forceinline__ T operand_of(T v) {
+  if constexpr (sizeof(T) == 4) {
+    return __uint_as_float(to_tf32(__float_as_uint(v)));
+  } else {
+    return v;
+  }
+}
+template <typename T>
+__device__ __forceinline__ Pair<T> operand_pair(Pair<T> v) {
+  if constexpr (sizeof(T) == 4) {
+    return make_float2(operand_of(v.x), operand_of(v.y));
+  } else {
+    return v;
+  }
+}
+
 // A fragments of chunks c .. c + G - 1 (two k tiles each: 32 bytes of a
 // row apart; stopping at KC) of the state rows that `a` (this lane's
 // ldmatrix address of k tile 0, see a_lane) points at, in k order (the
-// weight fragments are loaded kNatural); float32 rounded to TF32.
+// weight fragments are loaded kNatural); float32 already TF32 (see
+// operand_of).
 template <typename T, int G>
 __device__ __forceinline__ void load_a_chunks(uint32_t (&v)[G][2][4], uint32_t a, int c, int KC) {
 #pragma unroll
   for (int u = 0; u < G; ++u) {
     if (c + u >= KC) break;
 #pragma unroll
-    for (int s = 0; s < 2; ++s) {
-      load_matrices(v[u][s], a + 32 * (2 * (c + u) + s));
-      if constexpr (sizeof(T) == 4) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) v[u][s][e] = to_tf32(v[u][s][e]);
-      }
-    }
+    for (int s = 0; s < 2; ++s) load_matrices(v[u][s], a + 32 * (2 * (c + u) + s));
   }
 }
 
@@ -322,7 +338,7 @@ __global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
   __syncthreads();
   for (int64_t e = threadIdx.x; e < kLocalRows * S; e += blockDim.x) {
     const int64_t r = e / S, k = e % S;
-    if (r0 + r < B) hbuf[(kLocalRows + r) * ld + k] = h0[(r0 + r) * S + k];
+    if (r0 + r < B) hbuf[(kLocalRows + r) * ld + k] = operand_of(h0[(r0 + r) * S + k]);
   }
   Exchange x;
   if constexpr (kCluster) {
@@ -418,15 +434,17 @@ __global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
           // Rows past B (and done) push zeros: the peers count every byte.
           Pair<T> pre[3], hv = {}, cv;
           if (live) forward_pair_from<T>(z, c_reg[half][q], pre, hv, cv);
-          // h first to the peers and the block's buffer: the next step waits for it.
+          // h first to the peers and the block's buffer: the next step
+          // waits for it.
+          const Pair<T> h_op = operand_pair<T>(hv);
           if (kCluster && !last) {  // no step reads the last h
             const uint32_t off[1] = {
                 static_cast<uint32_t>((write_at + at.buf[half][q]) * sizeof(T))};
-            const Pair<T> v[1] = {hv};
+            const Pair<T> v[1] = {h_op};
             x.push(off, t & 1, v);
           }
           if (!live) continue;
-          store_pair(hbuf + write_at + at.buf[half][q], hv);
+          store_pair(hbuf + write_at + at.buf[half][q], h_op);
 #pragma unroll
           for (int g = 0; g < 3; ++g) store_pair(g_t + at.gate[half][q][g], pre[g]);
           store_pair(o_t + at.state[half][q], hv);
@@ -497,7 +515,7 @@ __global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
     T* dst = gbuf + (t1 & 1) * kLocalRows * ld;
     for (int64_t e = threadIdx.x; e < kLocalRows * S3; e += blockDim.x) {
       const int64_t r = e / S3, k = e % S3;
-      if (r0 + r < B) dst[r * ld + k] = src[(r0 + r) * S3 + k];
+      if (r0 + r < B) dst[r * ld + k] = operand_of(src[(r0 + r) * S3 + k]);
     }
   }
   Exchange x;
@@ -624,16 +642,19 @@ __global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
           // dG first to the peers and the block's buffer: the next step
           // waits for it.
           const int64_t b = write_at + at.buf[half][q];
+          Pair<T> d_op[3];
+#pragma unroll
+          for (int g = 0; g < 3; ++g) d_op[g] = operand_pair<T>(v[g]);
           if (kCluster && t > t0) {  // the chunk's earliest dG is read from global memory
             uint32_t off[3];
 #pragma unroll
             for (int g = 0; g < 3; ++g) off[g] = static_cast<uint32_t>((b + g * S) * sizeof(T));
-            x.push(off, t & 1, v);
+            x.push(off, t & 1, d_op);
           }
           if (!at.ok[half][q]) continue;
 #pragma unroll
           for (int g = 0; g < 3; ++g) {
-            store_pair(gbuf + b + g * S, v[g]);
+            store_pair(gbuf + b + g * S, d_op[g]);
             store_pair(dg_t + at.gate[half][q][g], v[g]);
           }
         }

@@ -884,11 +884,11 @@ def runs_block_local(S: int, dtype: torch.dtype, direction: str) -> bool:
     size S on this GPU (the rule of compute_local_launch, for grids that
     fit): one block up to S = 64 (96 in 16-bit types without clusters),
     one block or clusters on sm_90 up to S = 512 forward / 256 backward in
-    16-bit types and 128 / 96 in float32."""
+    16-bit types and 256 / 128 in float32."""
     half = dtype != torch.float32
     if torch.cuda.get_device_capability()[0] < 9:
         return S <= (96 if half else 64)
-    limits = {"forward": 512 if half else 128, "backward": 256 if half else 96}
+    limits = {"forward": 512 if half else 256, "backward": 256 if half else 128}
     return S <= limits[direction]
 
 
