@@ -183,6 +183,27 @@ __device__ __forceinline__ uint2 make_fragment(int64_t kt, int lane, Fn w) {
   return f;
 }
 
+// put(e, get(e)) for e = threadIdx.x, + blockDim.x, ... below n, kBatch a
+// thread at a time: a batch's gets (global loads) all issue before its
+// first put, where one at a time each waited for its load. A block's
+// prologue (its weights and state rows) held an eighth of the samples of
+// an ncu profile of the float32 block-local backward (S = 128, T256 B64);
+// batched, the block-local kernels took 1-4% less time at S >= 96 (H100).
+// get sees e clamped to n - 1 (its loads stay in bounds, unused past n).
+template <int kBatch = 8, typename Get, typename Put>
+__device__ __forceinline__ void batched_copy(int n, Get get, Put put) {
+  const int stride = static_cast<int>(blockDim.x);
+  for (int e0 = static_cast<int>(threadIdx.x); e0 < n; e0 += kBatch * stride) {
+    decltype(get(0)) v[kBatch];
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) v[i] = get(std::min(e0 + i * stride, n - 1));
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      if (e0 + i * stride < n) put(e0 + i * stride, v[i]);
+    }
+  }
+}
+
 // Fill `slices` slices of weight fragments, one after the other: in slice
 // s, fragment (kt, nt) of lane l at frag[((s * KT + kt) * NT + nt) * 32 + l]
 // (see make_fragment); `w(s, k, nt, n)` returns the bits of one element of
@@ -190,14 +211,16 @@ __device__ __forceinline__ uint2 make_fragment(int64_t kt, int lane, Fn w) {
 template <typename T, bool kNatural = false, typename Fn>
 __device__ __forceinline__ void load_weight_slices(uint2* frag, int slices, int64_t KT, int NT,
                                                    Fn w) {
-  const int64_t per_slice = KT * NT * 32;
-  for (int64_t e = threadIdx.x; e < slices * per_slice; e += blockDim.x) {
-    const int slice = static_cast<int>(e / per_slice);
-    const int64_t tile = (e % per_slice) / 32;
-    const int nt = static_cast<int>(tile % NT);
-    frag[e] = make_fragment<T, kNatural>(tile / NT, static_cast<int>(e % 32),
-                                         [&](int64_t k, int n) { return w(slice, k, nt, n); });
-  }
+  const int per_slice = static_cast<int>(KT) * NT * 32;
+  batched_copy(
+      slices * per_slice,
+      [&](int e) {
+        const int slice = e / per_slice, tile = (e % per_slice) / 32;
+        const int nt = tile % NT;
+        return make_fragment<T, kNatural>(tile / NT, e % 32,
+                                          [&](int64_t k, int n) { return w(slice, k, nt, n); });
+      },
+      [&](int e, uint2 f) { frag[e] = f; });
 }
 
 // The block's one slice of weight fragments (`w(k, nt, n)`), then a barrier.

@@ -265,6 +265,20 @@ __device__ __forceinline__ void local_product(float (&acc)[NT][4], uint32_t a, i
   }
 }
 
+// Rows r0 .. r0 + 15 (those below B) of a [B, width] matrix `src`, its
+// first K columns, into a state buffer `dst` of row stride ld, as the
+// product's operand (see operand_of).
+template <typename T>
+__device__ __forceinline__ void copy_rows(T* dst, int64_t ld, const T* src, int64_t width,
+                                          int64_t B, int64_t r0, int64_t K) {
+  const int k_n = static_cast<int>(K);
+  const int rows = static_cast<int>(B - r0 < kLocalRows ? B - r0 : kLocalRows);
+  const T* from = src + r0 * width;
+  batched_copy(
+      rows * k_n, [&](int e) { return operand_of(from[(e / k_n) * width + e % k_n]); },
+      [&](int e, T v) { dst[(e / k_n) * ld + e % k_n] = v; });
+}
+
 // Zero `count` elements of shared memory (T-sized) at p.
 template <typename T>
 __device__ __forceinline__ void zero_shared(T* p, int64_t count) {
@@ -336,10 +350,7 @@ __global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
                               });
   zero_shared(hbuf, 2 * kLocalRows * ld);
   __syncthreads();
-  for (int64_t e = threadIdx.x; e < kLocalRows * S; e += blockDim.x) {
-    const int64_t r = e / S, k = e % S;
-    if (r0 + r < B) hbuf[(kLocalRows + r) * ld + k] = operand_of(h0[(r0 + r) * S + k]);
-  }
+  copy_rows(hbuf + kLocalRows * ld, ld, h0, S, B, r0, S);
   Exchange x;
   if constexpr (kCluster) {
     x = make_exchange(hbuf, hbuf + 2 * kLocalRows * ld, share, local_tiles(S, Q),
@@ -511,12 +522,7 @@ __global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
   __syncthreads();
   const int64_t step_gates = B * S3, step_state = B * S;
   if (t1 < T_) {  // the later chunk's last dG (slot K) for the chunk's first step
-    const T* src = dG + K * step_gates;
-    T* dst = gbuf + (t1 & 1) * kLocalRows * ld;
-    for (int64_t e = threadIdx.x; e < kLocalRows * S3; e += blockDim.x) {
-      const int64_t r = e / S3, k = e % S3;
-      if (r0 + r < B) dst[r * ld + k] = operand_of(src[(r0 + r) * S3 + k]);
-    }
+    copy_rows(gbuf + (t1 & 1) * kLocalRows * ld, ld, dG + K * step_gates, S3, B, r0, S3);
   }
   Exchange x;
   if constexpr (kCluster) {
