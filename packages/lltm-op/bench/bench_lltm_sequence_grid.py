@@ -3,7 +3,7 @@ engine's scoreboard.
 
     python bench/bench_lltm_sequence_grid.py [--out DIR] [--quick] [--repeat N]
         [--T 64,256,1024] [--B 8,64,256] [--S 128,256,512,1024] [--dtypes bf16,f16,f32]
-        [--f32-precision TF32,full] [--global-column]
+        [--f32-precision TF32,full] [--global-column] [--no-cublas-column]
 
 For every (T, B, S = F, dtype) of the grid: forward+backward of a whole
 sequence (gradients of every output with respect to every input) and the
@@ -13,7 +13,8 @@ median, each variant timed in alternating rounds in one process:
 * ``lltm_sequence``: the default engine choice (the tensor-core persistent
   kernels where they apply, see the README's rule);
 * ``lltm_sequence, cuBLAS path``: one cuBLAS product and one cell kernel a
-  step (``LLTM_OP_SEQUENCE_FUSED=0``), the fallback;
+  step (``LLTM_OP_SEQUENCE_FUSED=0``), the fallback (``--no-cublas-column``
+  leaves it out: it takes most of a whole grid's time, "-" in the table);
 * ``nn.LSTM``: cuDNN, one layer, same T, B, input and hidden size;
 * with ``--global-column``, ``lltm_sequence, global barrier``: the
   tensor-core kernels without the block-local variant
@@ -72,7 +73,7 @@ def make_inputs(T, B, S, dtype, device, seed=0):
     return args, lstm, hx, grads
 
 
-def variants(args, lstm, hx, grads, global_column=False):
+def variants(args, lstm, hx, grads, global_column=False, cublas_column=True):
     x = args[0]
 
     def ours_train():
@@ -103,10 +104,17 @@ def variants(args, lstm, hx, grads, global_column=False):
             LSTM: lstm_infer,
         },
     }
+    if not cublas_column:
+        for group in groups.values():
+            del group[CUBLAS]
     if global_column:
         groups["forward+backward"][GLOBAL] = with_flags(ours_train, local="0")
         groups["forward"][GLOBAL] = with_flags(ours_infer, local="0")
     return groups
+
+
+def ms_or_dash(ms: float | None) -> str:
+    return "-" if ms is None else f"{ms:.3f}"
 
 
 def main() -> None:
@@ -124,6 +132,7 @@ def main() -> None:
         help="float32's comparisons: TF32 for both, full float32 for both (default: both ways)",
     )
     p.add_argument("--global-column", action="store_true", help="also time the global-barrier kernels")
+    p.add_argument("--no-cublas-column", action="store_true", help="do not time the cuBLAS path")
     a = p.parse_args()
     device = "cpu" if a.quick or not torch.cuda.is_available() else "cuda"
     if a.quick:
@@ -148,7 +157,7 @@ def main() -> None:
                 torch.backends.cudnn.allow_tf32 = tf32
             try:
                 args, lstm, hx, grads = make_inputs(T, B, S, dtype, device)
-                fns = variants(args, lstm, hx, grads, a.global_column)
+                fns = variants(args, lstm, hx, grads, a.global_column, not a.no_cublas_column)
                 for mode, group in fns.items():
                     times = interleaved_wall_times_us(group, warmup=2, repeat=a.repeat)
                     flops = 2 * T * B * S * 3 * S * (3 if mode == "forward+backward" else 1)
@@ -163,7 +172,7 @@ def main() -> None:
                         "dtype": dlabel,
                         "mode": mode,
                         "ours_ms": times[OURS] / 1e3,
-                        "cublas_ms": times[CUBLAS] / 1e3,
+                        "cublas_ms": times[CUBLAS] / 1e3 if CUBLAS in times else None,
                         "lstm_ms": times[LSTM] / 1e3,
                         "ratio_vs_lstm": ratio,
                         "recurrent_tflops": tflops,
@@ -173,7 +182,7 @@ def main() -> None:
                     rows.append(row)
                     print(
                         f"{T:>5} {B:>4} {S:>5} {dlabel:>9} {mode:>16} {row['ours_ms']:>8.3f} "
-                        f"{row['cublas_ms']:>8.3f} {row['lstm_ms']:>8.3f} {ratio:>6.2f} {tflops:>7.1f}"
+                        f"{ms_or_dash(row['cublas_ms']):>8} {row['lstm_ms']:>8.3f} {ratio:>6.2f} {tflops:>7.1f}"
                         + (f" {row['global_ms']:>8.3f}" if "global_ms" in row else ""),
                         flush=True,
                     )
@@ -193,7 +202,8 @@ def main() -> None:
             + ("--quick" if a.quick else f"--T {a.T} --B {a.B} --S {a.S} --dtypes {a.dtypes}")
             + (f" --f32-precision {a.f32_precision}" if "f32" in a.dtypes and not a.quick else "")
             + f" --repeat {a.repeat}"
-            + (" --global-column" if a.global_column else ""),
+            + (" --global-column" if a.global_column else "")
+            + (" --no-cublas-column" if a.no_cublas_column else ""),
             "",
             "| T | B | S = F | dtype | mode | lltm_sequence ms | cuBLAS path ms | nn.LSTM ms | ratio | TFLOP/s |"
             + (" global barrier ms |" if a.global_column else ""),
@@ -202,8 +212,8 @@ def main() -> None:
         for r in rows:
             md.append(
                 f"| {r['T']} | {r['B']} | {r['S']} | {r['dtype']} | {r['mode']} | {r['ours_ms']:.3f} | "
-                f"{r['cublas_ms']:.3f} | {r['lstm_ms']:.3f} | {r['ratio_vs_lstm']:.2f} | {r['recurrent_tflops']:.1f} |"
-                + (f" {r['global_ms']:.3f} |" if "global_ms" in r else "")
+                f"{ms_or_dash(r['cublas_ms'])} | {r['lstm_ms']:.3f} | {r['ratio_vs_lstm']:.2f} | "
+                f"{r['recurrent_tflops']:.1f} |" + (f" {r['global_ms']:.3f} |" if "global_ms" in r else "")
             )
         (out / "lltm_sequence_grid.md").write_text("\n".join(md) + "\n")
         plot(rows, out / "lltm_sequence_grid.png")

@@ -48,10 +48,16 @@ __device__ __forceinline__ Bits<T> bits_of(T v) {
   return b;
 }
 
-// float32 to TF32 (round to nearest, ties away; the low 13 bits zero), as
-// cuBLAS rounds float32 operands for TF32 tensor cores.
+// float32 to TF32 (round to nearest; the low 13 bits zero): ties to even
+// on sm_90+, where that is one instruction (F2FP), away from zero below
+// (cvt.rna, the only rounding there: three instructions, which were a
+// quarter of the float32 global-barrier kernels' product on an H100).
 __device__ __forceinline__ uint32_t to_tf32(uint32_t f) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t r;
+  asm("cvt.rn.tf32.f32 %0, %1;" : "=r"(r) : "r"(f));
+  return r;
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   uint32_t r;
   asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "r"(f));
   return r;
