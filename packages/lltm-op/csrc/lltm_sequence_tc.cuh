@@ -50,8 +50,8 @@ __device__ __forceinline__ Bits<T> bits_of(T v) {
 
 // float32 to TF32 (round to nearest; the low 13 bits zero): ties to even
 // on sm_90+, where that is one instruction (F2FP), away from zero below
-// (cvt.rna, the only rounding there: three instructions, which were a
-// quarter of the float32 global-barrier kernels' product on an H100).
+// (cvt.rna, the only rounding there, is three: with one, the float32
+// global-barrier kernels' step loops have 7% fewer instructions on sm_90).
 __device__ __forceinline__ uint32_t to_tf32(uint32_t f) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   uint32_t r;
