@@ -172,8 +172,9 @@ __device__ __forceinline__ Exchange make_exchange(const void* buf, const void* b
 
 // The state buffers hold the product's A operand as the tensor cores take
 // it: float32 rounded to TF32 by the thread that writes an element, once,
-// instead of by every warp that reads it (each reads all of it; the
-// conversion was a quarter of the float32 forward's instructions a step).
+// instead of by every warp that reads it (each reads all of it; without
+// the conversion the float32 forward's step loop is 18-21% fewer SASS
+// instructions on sm_90).
 template <typename T>
 __device__ __forceinline__ T operand_of(T v) {
   if constexpr (sizeof(T) == 4) {
