@@ -15,9 +15,15 @@ variant switched by its environment variable in one process:
   against the global-barrier ones (``LLTM_OP_SEQUENCE_LOCAL=0``): GPU time
   of the recurrent kernels alone per step (torch.profiler, the median of
   the rounds), forward and backward, at T256, S 32 to 256 (a ratio of
-  1.00x is a size the rule leaves to the global-barrier kernels).
+  1.00x is a size the rule leaves to the global-barrier kernels);
+* resident (CUDA): full-precision float32 (TF32 off for both) on the rule's
+  engine, the resident-weight FMA kernels where it takes them, against the
+  engine without them (``LLTM_OP_SEQUENCE_RESIDENT=0``: the fused kernels
+  that read their weights from L2 every step, or the cuBLAS products) and
+  nn.LSTM, forward (``no_grad``) and forward+backward, at T256, B 8 / 64 /
+  256, S 128 to 1024 (1.00x: a size the rule leaves to cuBLAS).
 
-    python bench/bench_lltm_sequence_variants.py [--table inference|clusters|local] [--repeat N] [--quick]
+    python bench/bench_lltm_sequence_variants.py [--table inference|clusters|local|resident] [--repeat N] [--quick]
 
 F = S throughout. Synchronized wall time per call, median, the variants of a
 size timed in alternating rounds. float32: ours full float32, nn.LSTM at
@@ -38,6 +44,7 @@ INFERENCE_SIZES = [(64, 8, 128), (64, 64, 256), (64, 256, 512), (256, 64, 512), 
 INFERENCE_SIZES += [(1024, 256, 512)]
 CLUSTER_SIZES = [(T, B, S) for T in (1024, 64) for B in (8, 64, 256) for S in (128, 256, 512)]
 LOCAL_SIZES = [(256, B, S) for S in (32, 64, 96, 128, 256) for B in (8, 64, 256)]
+RESIDENT_SIZES = [(256, B, S) for S in (128, 256, 512, 1024) for B in (8, 64, 256)]
 QUICK_SIZES = [(8, 4, 16), (40, 2, 8)]
 
 
@@ -179,10 +186,58 @@ def local_table(sizes, repeat):
             )
 
 
+def resident_table(sizes, repeat):
+    print(
+        "| T B S | fwd | fwd without | nn.LSTM fwd | fwd ratio (without) | "
+        "f+b | f+b without | nn.LSTM f+b | f+b ratio (without) |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|", flush=True)
+    for T, B, S in sizes:
+        args = make(T, B, S, torch.float32, "cuda", grad=True)
+        lstm = lstm_of(S, torch.float32, "cuda")
+        state = [t.detach()[None].requires_grad_() for t in args[3:]]
+        lstm_args = [args[0], *state, *lstm.parameters()]
+
+        def fwd():
+            with torch.no_grad():
+                return lltm_sequence(*args)
+
+        def fwd_bwd():
+            out, (h_n, c_n) = lltm_sequence(*args)
+            return torch.autograd.grad(out.sum() + h_n.sum() + c_n.sum(), args)
+
+        def lstm_fwd(lstm=lstm, state=state):
+            with torch.no_grad():
+                return lstm(args[0], tuple(state))
+
+        def lstm_fwd_bwd(lstm=lstm, state=state, lstm_args=lstm_args):
+            out, (h_n, c_n) = lstm(args[0], tuple(state))
+            return torch.autograd.grad(out.sum() + h_n.sum() + c_n.sum(), lstm_args)
+
+        full = {"tf32": False, "cudnn_tf32": False}
+        fns = {
+            "fwd": with_flags(fwd, **full),
+            "fwd without": with_flags(fwd, resident="0", **full),
+            "lstm fwd": with_flags(lstm_fwd, **full),
+            "f+b": with_flags(fwd_bwd, **full),
+            "f+b without": with_flags(fwd_bwd, resident="0", **full),
+            "lstm f+b": with_flags(lstm_fwd_bwd, **full),
+        }
+        ms = {k: v / 1e3 for k, v in interleaved_wall_times_us(fns, warmup=2, repeat=repeat).items()}
+        print(
+            f"| T{T} B{B} S{S} | {ms['fwd']:.3f} | {ms['fwd without']:.3f} | {ms['lstm fwd']:.3f} | "
+            f"{ms['fwd'] / ms['lstm fwd']:.2f}x ({ms['fwd without'] / ms['lstm fwd']:.2f}x) | {ms['f+b']:.3f} | "
+            f"{ms['f+b without']:.3f} | {ms['lstm f+b']:.3f} | "
+            f"{ms['f+b'] / ms['lstm f+b']:.2f}x ({ms['f+b without'] / ms['lstm f+b']:.2f}x) |",
+            flush=True,
+        )
+        torch.cuda.empty_cache()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
-        "--table", choices=["inference", "clusters", "local"], default=None, help="one table (default: all)"
+        "--table", choices=["inference", "clusters", "local", "resident"], default=None, help="one table (default: all)"
     )
     parser.add_argument("--repeat", type=int, default=15, help="timed rounds per size")
     parser.add_argument("--quick", action="store_true", help="tiny sizes on the CPU (smoke run)")
@@ -204,6 +259,11 @@ def main() -> None:
             print("local: needs a CUDA device of sm_80 or newer (skipped)")
         else:
             local_table(LOCAL_SIZES, min(args.repeat, 5))
+    if args.table in (None, "resident"):
+        if device != "cuda":
+            print("resident: needs a CUDA device (skipped)")
+        else:
+            resident_table(RESIDENT_SIZES, min(args.repeat, 5))
 
 
 if __name__ == "__main__":

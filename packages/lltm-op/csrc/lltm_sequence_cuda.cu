@@ -524,6 +524,7 @@ __global__ void __launch_bounds__(32 * kWarps)
 
 #include "lltm_sequence_tc.cuh"
 #include "lltm_sequence_tc_local.cuh"
+#include "lltm_sequence_resident.cuh"
 
 // -- small helpers -------------------------------------------------------------------------
 
@@ -933,9 +934,147 @@ TcPlan tc_plan(const Tensor& like, const Dims& d) {
   return plans.front().second;
 }
 
+// -- the resident-weight kernels' plan (lltm_sequence_resident.cuh) --------------
+
+// One direction's launch: NJ columns and bm = 8 RT row_warps rows a block,
+// grid (ceil(S / NJ), ceil(B / bm)), smem bytes a block.
+struct ResidentLaunch {
+  bool ok = false;
+  int nj = 0, rt = 0, row_warps = 0;
+  dim3 grid;
+  size_t smem = 0;
+};
+struct ResidentPlan {
+  ResidentLaunch forward, backward;
+  bool ok() const { return forward.ok && backward.ok; }
+};
+
+// f(NJ, RT) as compile-time constants: NJ in {4, 8}, RT in {1, 4}.
+template <typename F>
+void with_resident(int nj, int rt, F&& f) {
+  auto rows = [&](auto njc) {
+    if (rt == 1) {
+      f(njc, std::integral_constant<int, 1>{});
+    } else {
+      f(njc, std::integral_constant<int, 4>{});
+    }
+  };
+  if (nj == 4) {
+    rows(std::integral_constant<int, 4>{});
+  } else {
+    rows(std::integral_constant<int, 8>{});
+  }
+}
+
+// Among the block shapes whose blocks all fit on the GPU at once, the one
+// with the least estimated step time (clocks): the busiest multiprocessor's
+// issue slots (an FMA per row and weight column and k, a shared-memory load
+// per 4 weight columns and k and RT rows, four warps issuing a clock) or
+// the state its blocks re-read through L2 (each column block reads its
+// rows' whole state every step; about 3000 bytes a clock on an H100),
+// whichever is longer. LLTM_OP_SEQUENCE_RESIDENT_SHAPE=NJ,RT,row_warps
+// asks for one shape (tests, benchmarks).
+ResidentLaunch compute_resident_launch(int64_t B, int64_t S, int device, bool forward) {
+  ResidentLaunch best;
+  const int sms = opscommon::multiprocessor_count(device);
+  const int optin = opscommon::device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(device);
+  const int64_t K = forward ? S : 3 * S;
+  const int64_t want = env_int("LLTM_OP_SEQUENCE_RESIDENT_SHAPE", 0);
+  double best_cost = 0.0;
+  for (int nj : {4, 8}) {
+    for (int rt : {1, 4}) {
+      for (int rw : {1, 2, 4, 8}) {
+        const int64_t bm = resident::block_rows(rt, rw);
+        if (want != 0 ? want != nj * 100 + rt * 10 + rw : bm >= 2 * B && bm > 8) continue;
+        const int64_t gx = (S + nj - 1) / nj, gy = (B + bm - 1) / bm;
+        if (gy > 65535) continue;
+        const size_t smem = resident::smem_bytes(forward, S, nj, rt, rw);
+        if (smem > static_cast<size_t>(optin)) continue;
+        int per_sm = 0;
+        with_resident(nj, rt, [&](auto njc, auto rtc) {
+          constexpr int NJ = decltype(njc)::value, RT = decltype(rtc)::value;
+          per_sm = forward
+                       ? std::min(resident_blocks(resident::forward_resident_kernel<NJ, RT, false>,
+                                                  smem, optin, resident::kThreads),
+                                  resident_blocks(resident::forward_resident_kernel<NJ, RT, true>,
+                                                  smem, optin, resident::kThreads))
+                       : std::min(resident_blocks(resident::backward_resident_kernel<NJ, RT, false>,
+                                                  smem, optin, resident::kThreads),
+                                  resident_blocks(resident::backward_resident_kernel<NJ, RT, true>,
+                                                  smem, optin, resident::kThreads));
+        });
+        const int64_t blocks = gx * gy;
+        if (blocks > static_cast<int64_t>(per_sm) * sms) continue;
+        const int64_t W = forward ? 3 * nj : nj;
+        const double per_sm_blocks = static_cast<double>((blocks + sms - 1) / sms);
+        const double issue = per_sm_blocks * rw * W * K / 16.0 * (rt + 1);
+        const double reread = static_cast<double>(blocks) * bm * K * 4 / 3000.0;
+        const double cost = std::max(issue, reread);
+        if (!best.ok || cost < best_cost) {
+          best_cost = cost;
+          best.ok = true;
+          best.nj = nj;
+          best.rt = rt;
+          best.row_warps = rw;
+          best.grid = dim3(static_cast<unsigned int>(gx), static_cast<unsigned int>(gy));
+          best.smem = smem;
+        }
+      }
+    }
+  }
+  return best;
+}
+
+// The rule: float32 (full precision, or TF32 where the tensor-core path does
+// not apply), S a multiple of 4, at most kFusedMaxMacs multiply-adds a step
+// (where the fused kernels ran before), both directions' grids resident at
+// once. LLTM_OP_SEQUENCE_RESIDENT=0 turns the path off; forcing the cuBLAS path
+// or the per-step launches (LLTM_OP_SEQUENCE_FUSED=0,
+// LLTM_OP_SEQUENCE_PERSISTENT=0) does too. Remembered per (device, B, S)
+// as the tensor-core plans are.
+ResidentPlan resident_plan(const Tensor& like, const Dims& d) {
+  if (like.scalar_type() != torch::headeronly::ScalarType::Float) return {};
+  if (d.S % 4 != 0 || d.S == 0 || d.B == 0 || d.S > (int64_t(1) << 14) ||
+      d.B > (int64_t(1) << 24)) {
+    return {};
+  }
+  const int64_t force = env_int("LLTM_OP_SEQUENCE_RESIDENT", -1);
+  if (force == 0 || env_int("LLTM_OP_SEQUENCE_FUSED", -1) == 0 ||
+      env_int("LLTM_OP_SEQUENCE_PERSISTENT", 1) == 0) {
+    return {};
+  }
+  // Past the fused path's bound the cuBLAS products won (H100, T256, full
+  // float32, forward+backward: 81.5 against 61.6 ms at B256 S1024, 26.4
+  // against 25.1 at B256 S512); LLTM_OP_SEQUENCE_RESIDENT=1 lifts it.
+  if (force < 0 && d.B * 3 * d.S * d.S > kFusedMaxMacs) return {};
+  const int device = like.get_device();
+  const int64_t shape = env_int("LLTM_OP_SEQUENCE_RESIDENT_SHAPE", 0);
+  struct Key {
+    int device;
+    int64_t B, S, shape;
+    bool operator==(const Key& o) const {
+      return device == o.device && B == o.B && S == o.S && shape == o.shape;
+    }
+  };
+  const Key key{device, d.B, d.S, shape};
+  thread_local std::vector<std::pair<Key, ResidentPlan>> plans;
+  auto hit =
+      std::find_if(plans.begin(), plans.end(), [&](const auto& e) { return e.first == key; });
+  if (hit == plans.end()) {
+    ResidentPlan plan;
+    plan.forward = compute_resident_launch(d.B, d.S, device, true);
+    plan.backward = compute_resident_launch(d.B, d.S, device, false);
+    if (plans.size() == kPlansKept) plans.pop_back();
+    plans.insert(plans.begin(), {key, plan});
+  } else if (hit != plans.begin()) {
+    std::rotate(plans.begin(), hit, hit + 1);
+  }
+  return plans.front().second;
+}
+
 struct CudaDev {
   static bool fused(const Tensor& like, const Dims& d) {
-    if (tc_plan(like, d).ok) return true;
+    if (tc_plan(like, d).ok || resident_plan(like, d).ok()) return true;
     // The fused kernels' grid: ceil(S / 32) x ceil(B / 4) blocks.
     const bool possible = d.B <= int64_t(kRows) * 65535 && d.S <= (int64_t(1) << 36);
     const int64_t force = env_int("LLTM_OP_SEQUENCE_FUSED", -1);
@@ -1162,10 +1301,73 @@ struct CudaDev {
     return true;
   }
 
+  static bool forward_steps_resident(const Tensor& like, const ForwardSteps& a,
+                                     const ResidentLaunch& l) {
+    const int device = like.get_device();
+    const cudaStream_t stream = opscommon::current_stream(device);
+    const int optin = opscommon::device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(device);
+    Tensor arrivals = arrival_counters(like, l.grid.y);
+    const std::optional<Tensor> bs = device_sizes(like, kSeqForward, a.batch_sizes, a.T);
+    const ForwardStep& f = a.first;
+    // h0 is read in 16-byte loads: a view off such a boundary is copied.
+    const void* h0 = f.h_prev;
+    std::optional<Tensor> h0_copy;
+    if (reinterpret_cast<uintptr_t>(h0) % 16 != 0) {
+      h0_copy = alloc(kSeqForward, "an aligned copy of old_h", like, {a.B, a.S});
+      copy(like, h0_copy->mutable_data_ptr(), h0, a.B * a.S * static_cast<int64_t>(sizeof(float)));
+      h0 = h0_copy->const_data_ptr();
+    }
+    with_resident(l.nj, l.rt, [&](auto njc, auto rtc) {
+      constexpr int NJ = decltype(njc)::value, RT = decltype(rtc)::value;
+      auto kernel = a.batch_sizes != nullptr ? resident::forward_resident_kernel<NJ, RT, true>
+                                             : resident::forward_resident_kernel<NJ, RT, false>;
+      OPSCOMMON_CUDA_CHECK(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
+      kernel<<<l.grid, resident::kThreads, l.smem, stream>>>(
+          a.T, a.B, a.S, l.row_warps, static_cast<float*>(f.gates),
+          static_cast<const float*>(f.bias), static_cast<const float*>(h0),
+          static_cast<const float*>(f.w_hT), static_cast<const float*>(f.c_prev),
+          static_cast<float*>(f.h), static_cast<float*>(f.c), static_cast<float*>(a.h_n),
+          static_cast<float*>(a.c_n), ptr_of(bs),
+          static_cast<unsigned long long*>(arrivals.mutable_data_ptr()));
+      OPSCOMMON_CUDA_CHECK_LAUNCH();
+    });
+    return true;
+  }
+
+  static bool backward_steps_resident(const Tensor& like, const BackwardSteps& a,
+                                      const ResidentLaunch& l) {
+    const int device = like.get_device();
+    const cudaStream_t stream = opscommon::current_stream(device);
+    const int optin = opscommon::device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(device);
+    Tensor arrivals = arrival_counters(like, l.grid.y);
+    const std::optional<Tensor> bs = device_sizes(like, kSeqBackward, a.batch_sizes, a.T);
+    with_resident(l.nj, l.rt, [&](auto njc, auto rtc) {
+      constexpr int NJ = decltype(njc)::value, RT = decltype(rtc)::value;
+      auto kernel = a.batch_sizes != nullptr ? resident::backward_resident_kernel<NJ, RT, true>
+                                             : resident::backward_resident_kernel<NJ, RT, false>;
+      OPSCOMMON_CUDA_CHECK(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
+      kernel<<<l.grid, resident::kThreads, l.smem, stream>>>(
+          a.T, a.t0, a.t1, a.K, a.B, a.S, l.row_warps, static_cast<const float*>(a.grad_outputs),
+          static_cast<const float*>(a.grad_h_n), static_cast<const float*>(a.grad_c_n),
+          static_cast<float*>(a.dG), static_cast<const float*>(a.w_h), a.w_ld,
+          static_cast<float*>(a.dc), static_cast<const float*>(a.gates),
+          static_cast<const float*>(a.cells), static_cast<const float*>(a.c0),
+          static_cast<float*>(a.bias_partial), ptr_of(bs),
+          static_cast<unsigned long long*>(arrivals.mutable_data_ptr()));
+      OPSCOMMON_CUDA_CHECK_LAUNCH();
+    });
+    return true;
+  }
+
   static bool forward_steps(const Tensor& like, const ForwardSteps& a) {
     Dims d{a.T, a.B, 0, a.S};
     d.tf32 = a.tf32;
     if (const TcPlan p = tc_plan(like, d); p.ok) return forward_steps_tc(like, a, p);
+    if (const ResidentPlan p = resident_plan(like, d); p.ok()) {
+      return forward_steps_resident(like, a, p.forward);
+    }
     const int device = like.get_device();
     const dim3 grid = fused_grid(a.B, a.S);
     bool ran = false;
@@ -1194,6 +1396,9 @@ struct CudaDev {
     Dims d{a.T, a.B, 0, a.S};
     d.tf32 = a.tf32;
     if (const TcPlan p = tc_plan(like, d); p.ok) return backward_steps_tc(like, a, p);
+    if (const ResidentPlan p = resident_plan(like, d); p.ok()) {
+      return backward_steps_resident(like, a, p.backward);
+    }
     const int device = like.get_device();
     const dim3 grid = fused_grid(a.B, a.S);
     bool ran = false;

@@ -849,7 +849,12 @@ PATHS = {
         "LLTM_OP_SEQUENCE_FUSED": "1",
         "LLTM_OP_SEQUENCE_PERSISTENT": "1",
         "LLTM_OP_SEQUENCE_TENSOR_CORES": "0",
+        "LLTM_OP_SEQUENCE_RESIDENT": "0",
     },
+    # float32 with S a multiple of 4: the resident-weight FMA kernels (the
+    # default there without TF32); other dtypes and sizes take the default
+    # path.
+    "resident": {"LLTM_OP_SEQUENCE_RESIDENT": "1", "LLTM_OP_SEQUENCE_TENSOR_CORES": "0"},
     # float16 / bfloat16 with S a multiple of 8 on sm_80+: the tensor-core
     # persistent kernels (the block-local ones where runs_block_local says);
     # other dtypes and sizes take the default path.
@@ -1037,6 +1042,58 @@ def test_cuda_block_local_clusters_match_the_reference(dtype, C, S, packed):
     assert_packed_run_matches(out, args, ref, ref_args, grads, lengths, limit)
 
 
+# The resident-weight kernels' block shapes, as LLTM_OP_SEQUENCE_RESIDENT_SHAPE
+# writes them: NJ * 100 + RT * 10 + row warps (NJ columns, bm = 8 RT
+# row_warps rows a block).
+RESIDENT_SHAPES = [411, 418, 441, 442, 811, 812, 841, 848]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize(
+    "size",
+    [(1, 1, 3, 4), (5, 3, 4, 12), (4, 70, 9, 36), (3, 8, 5, 100), (2, 33, 6, 260), (3, 300, 4, 64)],
+    ids=str,
+)
+@pytest.mark.parametrize("shape", [None, *RESIDENT_SHAPES], ids=str)
+@pytest.mark.parametrize("packed", [False, True], ids=["whole", "packed"])
+def test_cuda_resident_kernels_run_and_match_the_reference(size, shape, packed):
+    """Full-precision float32 (no TF32) on the resident-weight kernels:
+    each block's slice of W_h in shared memory for every step, the product
+    on the FMA units. They run (one launch for the forward, one per backward
+    chunk, no step kernels) in the rule's block shape and in each forced one,
+    and match float64 to float32's error: S = 4 and 12 (a part-filled k round
+    and column block), 36 and 100 (k rounds split unevenly over the warps),
+    260; B = 1, 3 (one block, mostly idle rows), 70 and 300 (several batch
+    blocks, a part-filled last one); T = 1; packed rows (lengths of 0, rows
+    ending inside a block); two backward chunks."""
+    need("cuda")
+    T, B, F, S = size
+    if shape is not None:
+        nj, rt, row_warps = shape // 100, shape // 10 % 10, shape % 10
+        blocks = -(-S // nj) * -(-B // (8 * rt * row_warps))
+        if blocks > torch.cuda.get_device_properties(0).multi_processor_count:
+            pytest.skip("that block shape's grid may not be resident at once here")
+    gen = torch.Generator().manual_seed(sum(size) + (shape or 0) + packed)
+    lengths = random_lengths(T, B, gen) if packed else [T] * B
+    args = make_args(T, B, F, S, dtype=torch.float32, device="cuda", generator=gen)
+    args, ref_args, ref, grads = packed_case(args, lengths, gen)
+    bs = batch_sizes_of(lengths, T) if packed else None
+    chunks = min(2, T)
+    out = []
+
+    def run():
+        out.extend(run_op(*args, bs)[:3])
+        torch.autograd.backward(out, [g.to("cuda", torch.float32) for g in grads])
+
+    shape_env = {} if shape is None else {"LLTM_OP_SEQUENCE_RESIDENT_SHAPE": shape}
+    with env(LLTM_OP_SEQUENCE_CHUNKS=chunks, **shape_env), tf32_matmul(False):
+        names = _cuda_kernel_names(run)
+    assert sum("forward_resident_kernel" in n for n in names) == 1, names
+    assert sum("backward_resident_kernel" in n for n in names) == chunks, names
+    assert not any("cell_kernel" in n or "fused_kernel" in n or "persistent_kernel" in n for n in names), names
+    assert_packed_run_matches(out, args, ref, ref_args, grads, lengths, 1e-5)
+
+
 # The packed runs' paths: PATHS, and float32 on TF32 tensor cores.
 PACKED_PATHS = {**PATHS, "tf32": {"LLTM_OP_SEQUENCE_TENSOR_CORES": "1"}}
 
@@ -1075,12 +1132,20 @@ def test_cuda_paths_run_packed_rows(path, dtype, T, B, F, S):
             local = None if path in ("tensor_cores", "tc_local_clusters") else False
             assert count_tc(names, "forward", local) == 1, names
             assert count_tc(names, "backward", local) == 2, names
+        elif tc_path:
+            # float32 without TF32: the resident-weight kernels (S % 4 == 0).
+            assert sum("forward_resident_kernel" in n for n in names) == 1, names
+            assert sum("backward_resident_kernel" in n for n in names) == 2, names
         else:
             assert sum("forward_persistent_kernel" in n for n in names) == 1, names
             assert sum("backward_persistent_kernel" in n for n in names) == 2, names
         assert not any("cell_kernel" in n for n in names), names
     if path == "tf32" and tc:
         assert count_tc(names, "forward") == 1, names
+    if path == "resident" and dtype == torch.float32 and S % 4 == 0:
+        assert sum("forward_resident_kernel" in n for n in names) == 1, names
+        assert sum("backward_resident_kernel" in n for n in names) == 2, names
+        assert not any("cell_kernel" in n for n in names), names
     limit = {torch.float64: 1e-12, torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 3e-2}[dtype]
     if path == "tf32":
         limit = 5e-3
