@@ -38,9 +38,9 @@ constexpr int kRound = kLaneK * kChunk;
 
 // Row k of a weight slice of `width` floats a row, in shared memory: 4
 // floats of padding after every 4 rows put the rows k, k + 4, k + 8,
-// k + 12 that the four k-lanes read together 4 floats apart in bank order
-// (rows of 8 or 24 floats would otherwise fall on the same banks: a 4-way
-// conflict).
+// k + 12 that the four k-lanes read together on four different groups of
+// 4 banks (widths of 4, 8, 12 and 24 floats; rows of 8 or 24 floats would
+// otherwise start on the same bank: a 4-way conflict).
 __host__ __device__ __forceinline__ int weight_row(int k, int width) {
   return k * width + 4 * (k >> 2);
 }
