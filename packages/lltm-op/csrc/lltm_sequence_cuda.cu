@@ -26,7 +26,10 @@
 //   Where the grid fits in one wave of the GPU, the fused path's steps run in
 //   persistent kernels instead: one launch for the whole forward and one per
 //   backward chunk, the blocks of a batch row block meeting at a barrier
-//   between steps (see "persistent fused path" below).
+//   between steps (see "persistent fused path" below). float32 with S a
+//   multiple of 4 runs the resident-weight kernels there instead, which
+//   keep each block's slice of W_h in shared memory for every step
+//   (lltm_sequence_resident.cuh; resident_plan).
 //
 // * tensor-core path (float16 / bfloat16 on sm_80+, and float32 on TF32
 //   tensor cores when the call allows TF32, S a multiple of 8, all blocks
