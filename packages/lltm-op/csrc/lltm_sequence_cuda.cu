@@ -466,6 +466,28 @@ __device__ __forceinline__ int64_t rows_at(const int64_t* bs, int64_t B, int64_t
   return t >= T_ ? 0 : bs != nullptr ? bs[t] : B;
 }
 
+// Step t of a backward chunk (steps t1 - 1 down to t0 of T_, set up as
+// sequence_backward's loop sets them up, lltm_sequence.h): the rows that
+// run at t and at t + 1 (kPacked: a packed run's, see rows_at; else B and
+// 0), and the slot of dG_{t+1}: in the chunk, or slot K, which carries the
+// next chunk's first.
+template <bool kPacked>
+struct ChunkStep {
+  bool last;  // the sequence's last step: grad_h_n and grad_c_n come in
+  int64_t n, n_next, next_slot;
+  __device__ __forceinline__ ChunkStep(const int64_t* bs, int64_t B, int64_t T_, int64_t t0,
+                                       int64_t t1, int64_t K, int64_t t)
+      : last(t == T_ - 1),
+        n(kPacked ? rows_at(bs, B, T_, t) : B),
+        n_next(kPacked ? rows_at(bs, B, T_, t + 1) : 0),
+        next_slot(t + 1 < t1 ? t + 1 - t0 : K) {}
+  // Whether a block of rows from `row` on has a recurrent gradient: some of
+  // them go on to step t + 1.
+  __device__ __forceinline__ bool product_from(int64_t row) const {
+    return kPacked ? row < n_next : !last;
+  }
+};
+
 // kPacked: bs holds a packed run's batch sizes (see rows_at), which do
 // not increase: a block row whose rows have all ended is done. Without it
 // the kernel is the whole batch's (see backward_persistent_kernel).
@@ -508,19 +530,17 @@ __global__ void __launch_bounds__(32 * kWarps)
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kRows;
   T* stage = stage_memory<T>();
   for (int64_t t = t1 - 1; t >= t0; --t) {
-    const bool last = t == T_ - 1;
     // Whole batch: every row runs, grad_h_n comes at the last step.
-    const int64_t n = kPacked ? rows_at(bs, B, T_, t) : B;
-    const int64_t n_next = kPacked ? rows_at(bs, B, T_, t + 1) : 0;
-    const int64_t next_slot = t + 1 < t1 ? t + 1 - t0 : K;
+    const ChunkStep<kPacked> step_at(bs, B, T_, t0, t1, K, t);
     // No row of the block goes on to step t + 1: no recurrent gradient.
-    const bool product = kPacked ? r0 < n_next : !last;
-    const T* dG_next =
-        product ? stage_rows(stage, dG + next_slot * step_gates, B, r0, 3 * S) : nullptr;
+    const T* dG_next = step_at.product_from(r0)
+                           ? stage_rows(stage, dG + step_at.next_slot * step_gates, B, r0, 3 * S)
+                           : nullptr;
     backward_fused_step<T, true>(B, S, go ? go + t * step_state : nullptr,
-                                 kPacked || last ? ghn : nullptr, dG_next, w_h, ld, last ? gcn : dc,
-                                 gates + t * step_gates, t ? cells + (t - 1) * step_state : c0,
-                                 dG + (t - t0) * step_gates, dc, partial, n, n_next);
+                                 kPacked || step_at.last ? ghn : nullptr, dG_next, w_h, ld,
+                                 step_at.last ? gcn : dc, gates + t * step_gates,
+                                 t ? cells + (t - 1) * step_state : c0, dG + (t - t0) * step_gates,
+                                 dc, partial, step_at.n, step_at.n_next);
     if (t > t0) row_barrier(arrivals, static_cast<unsigned long long>(t1 - t) * gridDim.x);
   }
 }
@@ -894,6 +914,23 @@ TcPlan compute_tc_plan(const Dims& d, int device, bool local) {
 // about 0.3 ms of host time a call where a single remembered plan flipped
 // between two sizes (or LLTM_OP_SEQUENCE_LOCAL settings) on every call.
 constexpr size_t kPlansKept = 16;
+// The plan remembered under `key` (most recently used first), made by
+// `compute` where there is none: one list a thread per call site.
+template <typename Plan, typename Key, typename Compute>
+Plan remembered(const Key& key, Compute compute) {
+  thread_local std::vector<std::pair<Key, Plan>> plans;
+  auto hit =
+      std::find_if(plans.begin(), plans.end(), [&](const auto& e) { return e.first == key; });
+  if (hit == plans.end()) {
+    const Plan plan = compute();
+    if (plans.size() == kPlansKept) plans.pop_back();
+    plans.insert(plans.begin(), {key, plan});
+  } else if (hit != plans.begin()) {
+    std::rotate(plans.begin(), hit, hit + 1);
+  }
+  return plans.front().second;
+}
+
 TcPlan tc_plan(const Tensor& like, const Dims& d) {
   using ST = torch::headeronly::ScalarType;
   const ST st = like.scalar_type();
@@ -919,22 +956,11 @@ TcPlan tc_plan(const Tensor& like, const Dims& d) {
              cluster == o.cluster;
     }
   };
-  const Key key{device, st, d.B, d.S, local, cluster};
-  // Most recently used first.
-  thread_local std::vector<std::pair<Key, TcPlan>> plans;
-  auto hit =
-      std::find_if(plans.begin(), plans.end(), [&](const auto& e) { return e.first == key; });
-  if (hit == plans.end()) {
-    const TcPlan plan = st == ST::Half ? compute_tc_plan<opscommon::Half>(d, device, local)
-                        : st == ST::BFloat16
-                            ? compute_tc_plan<opscommon::BFloat16>(d, device, local)
-                            : compute_tc_plan<float>(d, device, local);
-    if (plans.size() == kPlansKept) plans.pop_back();
-    plans.insert(plans.begin(), {key, plan});
-  } else if (hit != plans.begin()) {
-    std::rotate(plans.begin(), hit, hit + 1);
-  }
-  return plans.front().second;
+  return remembered<TcPlan>(Key{device, st, d.B, d.S, local, cluster}, [&] {
+    return st == ST::Half       ? compute_tc_plan<opscommon::Half>(d, device, local)
+           : st == ST::BFloat16 ? compute_tc_plan<opscommon::BFloat16>(d, device, local)
+                                : compute_tc_plan<float>(d, device, local);
+  });
 }
 
 // -- the resident-weight kernels' plan (lltm_sequence_resident.cuh) --------------
@@ -1059,20 +1085,10 @@ ResidentPlan resident_plan(const Tensor& like, const Dims& d) {
       return device == o.device && B == o.B && S == o.S && shape == o.shape;
     }
   };
-  const Key key{device, d.B, d.S, shape};
-  thread_local std::vector<std::pair<Key, ResidentPlan>> plans;
-  auto hit =
-      std::find_if(plans.begin(), plans.end(), [&](const auto& e) { return e.first == key; });
-  if (hit == plans.end()) {
-    ResidentPlan plan;
-    plan.forward = compute_resident_launch(d.B, d.S, device, true);
-    plan.backward = compute_resident_launch(d.B, d.S, device, false);
-    if (plans.size() == kPlansKept) plans.pop_back();
-    plans.insert(plans.begin(), {key, plan});
-  } else if (hit != plans.begin()) {
-    std::rotate(plans.begin(), hit, hit + 1);
-  }
-  return plans.front().second;
+  return remembered<ResidentPlan>(Key{device, d.B, d.S, shape}, [&] {
+    return ResidentPlan{compute_resident_launch(d.B, d.S, device, true),
+                        compute_resident_launch(d.B, d.S, device, false)};
+  });
 }
 
 struct CudaDev {
@@ -1205,6 +1221,18 @@ struct CudaDev {
     return true;
   }
 
+  // The forward's h0 for kernels that read it in 16-byte loads: a view
+  // that does not start on such a boundary is copied (into `copy_of`).
+  static const void* aligned_h0(const Tensor& like, const ForwardSteps& a,
+                                std::optional<Tensor>& copy_of) {
+    const void* h0 = a.first.h_prev;
+    if (reinterpret_cast<uintptr_t>(h0) % 16 == 0) return h0;
+    copy_of = alloc(kSeqForward, "an aligned copy of old_h", like, {a.B, a.S});
+    copy(like, copy_of->mutable_data_ptr(), h0,
+         a.B * a.S * static_cast<int64_t>(like.element_size()));
+    return copy_of->const_data_ptr();
+  }
+
   static bool forward_steps_tc(const Tensor& like, const ForwardSteps& a, const TcPlan& p) {
     if (p.local_forward.ok) return forward_steps_local(like, a, p);
     const int device = like.get_device();
@@ -1213,16 +1241,8 @@ struct CudaDev {
     Tensor arrivals = arrival_counters(like, p.grid.y);
     const std::optional<Tensor> bs = device_sizes(like, kSeqForward, a.batch_sizes, a.T);
     const ForwardStep& f = a.first;
-    // The kernel reads h0 in 16-byte loads: a view that does not start on
-    // such a boundary is copied first.
-    const void* h0 = f.h_prev;
     std::optional<Tensor> h0_copy;
-    if (reinterpret_cast<uintptr_t>(h0) % 16 != 0) {
-      h0_copy = alloc(kSeqForward, "an aligned copy of old_h", like, {a.B, a.S});
-      copy(like, h0_copy->mutable_data_ptr(), h0,
-           a.B * a.S * static_cast<int64_t>(like.element_size()));
-      h0 = h0_copy->const_data_ptr();
-    }
+    const void* h0 = aligned_h0(like, a, h0_copy);
     // The cluster variant where LLTM_OP_SEQUENCE_CLUSTERS=1 asks for it
     // (opt-in: on an H200 it was 5-8% faster at T1024 S128 B8-64 but its
     // forward 15-30% slower at T64, the rest within noise).
@@ -1312,14 +1332,8 @@ struct CudaDev {
     Tensor arrivals = arrival_counters(like, l.grid.y);
     const std::optional<Tensor> bs = device_sizes(like, kSeqForward, a.batch_sizes, a.T);
     const ForwardStep& f = a.first;
-    // h0 is read in 16-byte loads: a view off such a boundary is copied.
-    const void* h0 = f.h_prev;
     std::optional<Tensor> h0_copy;
-    if (reinterpret_cast<uintptr_t>(h0) % 16 != 0) {
-      h0_copy = alloc(kSeqForward, "an aligned copy of old_h", like, {a.B, a.S});
-      copy(like, h0_copy->mutable_data_ptr(), h0, a.B * a.S * static_cast<int64_t>(sizeof(float)));
-      h0 = h0_copy->const_data_ptr();
-    }
+    const void* h0 = aligned_h0(like, a, h0_copy);
     with_resident(l.nj, l.rt, [&](auto njc, auto rtc) {
       constexpr int NJ = decltype(njc)::value, RT = decltype(rtc)::value;
       auto kernel = a.batch_sizes != nullptr ? resident::forward_resident_kernel<NJ, RT, true>

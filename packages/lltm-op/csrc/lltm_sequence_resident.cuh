@@ -172,6 +172,23 @@ __device__ __forceinline__ void store_partial(float* part, const float (&acc)[RT
   }
 }
 
+// The product of this block's rows r0 .. r0 + bm - 1 of a [B, K] state
+// (rows past B read row B - 1; unused) and its weight slice: each warp's
+// sums over its k range into `part`.
+template <int RT, int W>
+__device__ __forceinline__ void block_product(float* part, const float* wsm, const Place& p,
+                                              const float* state, int64_t B, int64_t K, int64_t r0,
+                                              int64_t bm) {
+  const float* row[RT];
+#pragma unroll
+  for (int i = 0; i < RT; ++i) {
+    row[i] = state + std::min<int64_t>(r0 + p.row0 + i * kLaneRows, B - 1) * K;
+  }
+  float acc[RT][W];
+  product<RT, W>(acc, row, wsm, p.kbegin, p.kend, static_cast<int>(K), p.kq);
+  store_partial<RT, W>(part, acc, p, bm);
+}
+
 // Forward: steps 0 .. steps - 1, as forward_persistent_kernel (kPacked: bs
 // holds a packed run's batch sizes). w_hT: [S, 3S], contiguous; h0 16-byte
 // aligned, S a multiple of 4.
@@ -256,17 +273,7 @@ __global__ void __launch_bounds__(kThreads)
     bool live[kAhead > 0 ? kAhead : 1];
 #pragma unroll
     for (int q = 0; q < kAhead; ++q) live[q] = cell_inputs(threadIdx.x + q * kThreads, ahead[q]);
-    const float* hp = t ? outs + (t - 1) * step_state : h0;
-    {
-      const float* row[RT];
-#pragma unroll
-      for (int i = 0; i < RT; ++i) {
-        row[i] = hp + std::min<int64_t>(r0 + p.row0 + i * kLaneRows, B - 1) * S;
-      }
-      float acc[RT][W];
-      product<RT, W>(acc, row, wsm, p.kbegin, p.kend, static_cast<int>(S), p.kq);
-      store_partial<RT, W>(part, acc, p, bm);
-    }
+    block_product<RT, W>(part, wsm, p, t ? outs + (t - 1) * step_state : h0, B, S, r0, bm);
     __syncthreads();
     if constexpr (kAhead > 0) {
 #pragma unroll
@@ -317,13 +324,11 @@ __global__ void __launch_bounds__(kThreads)
   const Place p(RT, row_warps, S3);
   const int64_t step_gates = B * S3, step_state = B * S;
   for (int64_t t = t1 - 1; t >= t0; --t) {
-    const bool last = t == T_ - 1;
-    const int64_t n = kPacked ? rows_at(bs, B, T_, t) : B;
-    const int64_t n_next = kPacked ? rows_at(bs, B, T_, t + 1) : 0;
-    const int64_t next_slot = t + 1 < t1 ? t + 1 - t0 : K_slots;
-    const bool product_runs = kPacked ? r0 < n_next : !last;
-    const float* extra = kPacked || last ? ghn : nullptr;
-    const float* dc_in = last ? gcn : dc;
+    const ChunkStep<kPacked> step_at(bs, B, T_, t0, t1, K_slots, t);
+    const int64_t n = step_at.n, n_next = step_at.n_next;
+    const bool product_runs = step_at.product_from(r0);
+    const float* extra = kPacked || step_at.last ? ghn : nullptr;
+    const float* dc_in = step_at.last ? gcn : dc;
     const float* g_t = gates + t * step_gates;
     const float* c_prev = t ? cells + (t - 1) * step_state : c0;
     float* d_t = dG + (t - t0) * step_gates;
@@ -375,15 +380,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int q = 0; q < kAhead; ++q) status[q] = cell_inputs(threadIdx.x + q * kThreads, ahead[q]);
     if (product_runs) {
-      const float* src = dG + next_slot * step_gates;
-      const float* row[RT];
-#pragma unroll
-      for (int i = 0; i < RT; ++i) {
-        row[i] = src + std::min<int64_t>(r0 + p.row0 + i * kLaneRows, B - 1) * S3;
-      }
-      float acc[RT][W];
-      product<RT, W>(acc, row, wsm, p.kbegin, p.kend, static_cast<int>(S3), p.kq);
-      store_partial<RT, W>(part, acc, p, bm);
+      block_product<RT, W>(part, wsm, p, dG + step_at.next_slot * step_gates, B, S3, r0, bm);
     }
     __syncthreads();
     if constexpr (kAhead > 0) {
