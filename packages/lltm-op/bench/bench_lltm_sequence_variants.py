@@ -95,6 +95,34 @@ def inference_table(device, sizes, dtypes, repeat):
             )
 
 
+def sequence_calls(T, B, S, dtype):
+    """lltm_sequence and nn.LSTM (same sizes, on CUDA) as four calls: each
+    one's no_grad forward and its forward+backward (the gradients of the
+    outputs' and h_n's sums with respect to every argument)."""
+    args = make(T, B, S, dtype, "cuda", grad=True)
+    lstm = lstm_of(S, dtype, "cuda")
+    state = [t.detach()[None].requires_grad_() for t in args[3:]]
+    lstm_args = [args[0], *state, *lstm.parameters()]
+
+    def fwd():
+        with torch.no_grad():
+            return lltm_sequence(*args)
+
+    def fwd_bwd():
+        out, (h_n, c_n) = lltm_sequence(*args)
+        return torch.autograd.grad(out.float().sum() + h_n.float().sum(), args)
+
+    def lstm_fwd():
+        with torch.no_grad():
+            return lstm(args[0], tuple(state))
+
+    def lstm_fwd_bwd():
+        out, (h_n, c_n) = lstm(args[0], tuple(state))
+        return torch.autograd.grad(out.float().sum() + h_n.float().sum(), lstm_args)
+
+    return fwd, fwd_bwd, lstm_fwd, lstm_fwd_bwd
+
+
 def cluster_table(sizes, dtypes, repeat):
     print(
         "| T B S dtype | fwd clusters | fwd global | nn.LSTM fwd | fwd ratio | "
@@ -103,27 +131,7 @@ def cluster_table(sizes, dtypes, repeat):
     print("|---|---|---|---|---|---|---|---|---|---|", flush=True)
     for T, B, S in sizes:
         for dtype in dtypes:
-            args = make(T, B, S, dtype, "cuda", grad=True)
-            lstm = lstm_of(S, dtype, "cuda")
-            state = [t.detach()[None].requires_grad_() for t in args[3:]]
-            lstm_args = [args[0], *state, *lstm.parameters()]
-
-            def fwd():
-                with torch.no_grad():
-                    return lltm_sequence(*args)
-
-            def fwd_bwd():
-                out, (h_n, c_n) = lltm_sequence(*args)
-                return torch.autograd.grad(out.float().sum() + h_n.float().sum(), args)
-
-            def lstm_fwd(lstm=lstm, state=state):
-                with torch.no_grad():
-                    return lstm(args[0], tuple(state))
-
-            def lstm_fwd_bwd(lstm=lstm, state=state, lstm_args=lstm_args):
-                out, (h_n, c_n) = lstm(args[0], tuple(state))
-                return torch.autograd.grad(out.float().sum() + h_n.float().sum(), lstm_args)
-
+            fwd, fwd_bwd, lstm_fwd, lstm_fwd_bwd = sequence_calls(T, B, S, dtype)
             fns = {
                 "fwd clusters": with_flags(fwd, clusters="1"),
                 "fwd global": with_flags(fwd, clusters="0"),
@@ -193,27 +201,7 @@ def resident_table(sizes, repeat):
     )
     print("|---|---|---|---|---|---|---|---|---|", flush=True)
     for T, B, S in sizes:
-        args = make(T, B, S, torch.float32, "cuda", grad=True)
-        lstm = lstm_of(S, torch.float32, "cuda")
-        state = [t.detach()[None].requires_grad_() for t in args[3:]]
-        lstm_args = [args[0], *state, *lstm.parameters()]
-
-        def fwd():
-            with torch.no_grad():
-                return lltm_sequence(*args)
-
-        def fwd_bwd():
-            out, (h_n, c_n) = lltm_sequence(*args)
-            return torch.autograd.grad(out.sum() + h_n.sum() + c_n.sum(), args)
-
-        def lstm_fwd(lstm=lstm, state=state):
-            with torch.no_grad():
-                return lstm(args[0], tuple(state))
-
-        def lstm_fwd_bwd(lstm=lstm, state=state, lstm_args=lstm_args):
-            out, (h_n, c_n) = lstm(args[0], tuple(state))
-            return torch.autograd.grad(out.sum() + h_n.sum() + c_n.sum(), lstm_args)
-
+        fwd, fwd_bwd, lstm_fwd, lstm_fwd_bwd = sequence_calls(T, B, S, torch.float32)
         full = {"tf32": False, "cudnn_tf32": False}
         fns = {
             "fwd": with_flags(fwd, **full),
