@@ -430,34 +430,54 @@ __global__ void __launch_bounds__(32 * kWarps)
 // one by one. Each thread keeps its (row, column) of the cell state, as in
 // the one-step kernels: results are identical.
 
-// Arrive at the barrier of this block's row for the step just written, then
-// wait until all gridDim.x blocks of the row have arrived `target` times. The
-// block's threads meet (bar.sync orders their writes before thread 0's
-// arrival), thread 0 arrives with a release add (the block's writes visible
-// device-wide first) and spins on acquire loads (what the other blocks wrote
-// before arriving visible after), then the block meets again. Release and
-// acquire at GPU scope instead of two full fences: a step of the persistent
-// kernels is a few microseconds, and the fences were a large part of it.
-__device__ __forceinline__ void row_barrier(unsigned long long* arrivals,
-                                            unsigned long long target) {
+// The barrier of a block's row between steps, in two halves, so that a
+// block can arrive as soon as it wrote what the others wait for and do the
+// rest of its step (stores nobody waits for, the next step's loads) before
+// it waits. row_arrive: the block's threads meet (bar.sync orders their
+// writes before the arrival), then one thread arrives with a release add
+// (the block's writes visible device-wide first). row_wait: that thread
+// spins on acquire loads until all gridDim.x blocks of the row arrived
+// `target` times (what they wrote before arriving visible after), then the
+// block meets again. Release and acquire at GPU scope instead of two full
+// fences: a step of the persistent kernels is a few microseconds, and the
+// fences were a large part of it. The arriving thread is the last warp's
+// first: the first warps own the cells and fetch the next step's inputs
+// around the arrival, and the release (which waits until the block's writes
+// are visible) stays out of their instruction streams.
+__device__ __forceinline__ bool row_signaller() { return threadIdx.x == blockDim.x - 32; }
+__device__ __forceinline__ void row_arrive(unsigned long long* arrivals) {
   __syncthreads();
-  if (threadIdx.x == 0) {
+  if (row_signaller()) {
     unsigned long long* counter = arrivals + blockIdx.y;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
     asm volatile("red.release.gpu.global.add.u64 [%0], %1;" ::"l"(counter), "l"(1ull) : "memory");
+#else
+    __threadfence();
+    atomicAdd(counter, 1ull);
+#endif
+  }
+}
+__device__ __forceinline__ void row_wait(unsigned long long* arrivals, unsigned long long target) {
+  if (row_signaller()) {
+    unsigned long long* counter = arrivals + blockIdx.y;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
     unsigned long long seen = 0;
     do {
       asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(seen) : "l"(counter) : "memory");
     } while (seen < target);
 #else
-    __threadfence();
-    atomicAdd(counter, 1ull);
     while (*static_cast<volatile unsigned long long*>(counter) < target) {
     }
     __threadfence();
 #endif
   }
   __syncthreads();
+}
+// Both halves at once.
+__device__ __forceinline__ void row_barrier(unsigned long long* arrivals,
+                                            unsigned long long target) {
+  row_arrive(arrivals);
+  row_wait(arrivals, target);
 }
 
 // The rows step t runs: a packed run's batch size (bs, [T] in device

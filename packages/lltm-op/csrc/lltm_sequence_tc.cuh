@@ -3,7 +3,7 @@
 // (mma.sync.m16n8k8, operands rounded to TF32, float32 accumulation) where
 // the caller allows TF32 as torch's float32 matmul setting does. Included by
 // lltm_sequence_cuda.cu inside its anonymous namespace (it uses that file's
-// to_acc / to_storage / MathFor and row_barrier).
+// to_acc / to_storage / MathFor and row_arrive / row_wait).
 //
 // One launch runs every step of the forward (or of a backward chunk). The
 // grid is (column blocks) x (batch blocks), all resident at once:
@@ -21,7 +21,9 @@
 //   memory), and finish the cell in registers: an accumulator element of
 //   gate g sits in the same thread, at the same (row, column), for all three
 //   gates;
-// * the blocks of a batch block meet at a barrier between steps (row_barrier).
+// * the blocks of a batch block meet at a barrier between steps: a block
+//   arrives once its step's state rows are written (row_arrive), stores the
+//   rest and fetches the next step's inputs, then waits (row_wait).
 //
 // Same arithmetic contract as the other paths: float32 products and cell
 // (the cell on the hardware exp2 and reciprocal in every dtype: TcMath),
@@ -249,38 +251,56 @@ __device__ __forceinline__ uint4 a_operand(uint4 v) {
   }
 }
 
-// Loads of chunks c .. c + kGroup - 1 of both rows (zero past chunk c1 and
-// past the row's K elements, K a multiple of 8: a thread's 16 bytes are all
-// in or all out). `get(r, off)` returns the 16 bytes at element off of row
-// r (0: the thread's first row, 1: the row 8 below).
+// A thread's share of the k range of a product: chunks c0 .. c1 of K-long
+// rows (K a multiple of 8: a thread's 16 bytes of a chunk are all in or
+// all out), set up once before the steps: `first`, the element of chunk c0
+// where the thread's 16 bytes start; `chunks`, c1 - c0 (the same for the
+// warp: its mma run over all of them); `valid`, those of them whose 16
+// bytes are inside the row for this thread (zeros past them).
+struct KRange {
+  int c0, chunks, valid, first;
+  template <typename T>
+  __device__ __forceinline__ static KRange of(int64_t K, int64_t c0, int64_t c1) {
+    KRange r;
+    r.c0 = static_cast<int>(c0);
+    r.chunks = static_cast<int>(c1 - c0);
+    const int64_t first = c0 * kChunk<T> + kPerThread<T> * (threadIdx.x & 3);
+    const int64_t in_row = first < K ? (K - first + kChunk<T> - 1) / kChunk<T> : 0;
+    r.valid = static_cast<int>(std::min<int64_t>(r.chunks, in_row));
+    r.first = static_cast<int>(first);
+    return r;
+  }
+};
+
+// Loads of chunks u .. u + G - 1 of the range (zero past `valid`) of both
+// rows: `get(r, u)` returns the thread's 16 bytes of chunk u of row r (0:
+// the thread's first row, 1: the row 8 below). Loaded into zeroed
+// registers under a predicate: no branch between the loads.
 template <typename T, int G, typename Get>
-__device__ __forceinline__ void load_group(uint4 (&v)[G][2], Get& get, int64_t K, int64_t c,
-                                           int64_t c1) {
-  const int tig = threadIdx.x & 3;
+__device__ __forceinline__ void load_group(uint4 (&v)[G][2], Get& get, const KRange& kr, int u0) {
 #pragma unroll
   for (int u = 0; u < G; ++u) {
-    const int64_t off = (c + u) * kChunk<T> + kPerThread<T> * tig;  // elements
-    if (c + u < c1 && off < K) {
-      v[u][0] = a_operand<T>(get(0, off));
-      v[u][1] = a_operand<T>(get(1, off));
-    } else {
-      v[u][0] = make_uint4(0, 0, 0, 0);
-      v[u][1] = make_uint4(0, 0, 0, 0);
+    uint4 a = make_uint4(0, 0, 0, 0), b = a;
+    if (u0 + u < kr.valid) {
+      a = get(0, u0 + u);
+      b = get(1, u0 + u);
     }
+    v[u][0] = a_operand<T>(a);
+    v[u][1] = a_operand<T>(b);
   }
 }
 
-// Both k tiles of chunks c .. c + G - 1 (stopping at c1) into acc[nt].
+// Both k tiles of chunks u0 .. u0 + G - 1 of the range into acc[nt].
 template <typename T, int NT, int G>
-__device__ __forceinline__ void mma_group(float (&acc)[NT][4], const uint4 (&v)[G][2], int64_t c,
-                                          int64_t c1, const uint2* frag) {
+__device__ __forceinline__ void mma_group(float (&acc)[NT][4], const uint4 (&v)[G][2],
+                                          const KRange& kr, int u0, const uint2* frag) {
   const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int u = 0; u < G; ++u) {
-    if (c + u >= c1) break;
+    if (u0 + u >= kr.chunks) break;
     const uint32_t a_lo[4] = {v[u][0].x, v[u][1].x, v[u][0].y, v[u][1].y};
     const uint32_t a_hi[4] = {v[u][0].z, v[u][1].z, v[u][0].w, v[u][1].w};
-    const uint2* f = frag + (c + u) * 2 * NT * 32 + lane;
+    const uint2* f = frag + (kr.c0 + u0 + u) * 2 * NT * 32 + lane;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) mma_tile<T>(acc[nt], a_lo, f[nt * 32]);
 #pragma unroll
@@ -288,32 +308,34 @@ __device__ __forceinline__ void mma_group(float (&acc)[NT][4], const uint4 (&v)[
   }
 }
 
-// acc[nt] += A[the thread's rows; chunks c0 .. c1) @ fragments, one chain
-// per tile, A read by `get` (see load_group), two groups of kGroup chunks
-// in flight (L2's latency needs more loads in flight than shared
+// acc[nt] += A[the thread's rows; the range's chunks] @ fragments, one
+// chain per tile, A read by `get` (see load_group), two groups of kGroup
+// chunks in flight (L2's latency needs more loads in flight than shared
 // memory's).
 template <typename T, int NT, typename Get>
-__device__ __forceinline__ void tile_product(float (&acc)[NT][4], Get get, int64_t K, int64_t c0,
-                                             int64_t c1, const uint2* frag) {
+__device__ __forceinline__ void tile_product(float (&acc)[NT][4], Get get, const KRange& kr,
+                                             const uint2* frag) {
   constexpr int G = kGroup;
   uint4 va[G][2], vb[G][2];
-  load_group<T>(va, get, K, c0, c1);
-  for (int64_t c = c0; c < c1; c += 2 * G) {
-    load_group<T>(vb, get, K, c + G, c1);
-    mma_group<T, NT, G>(acc, va, c, c1, frag);
-    load_group<T>(va, get, K, c + 2 * G, c1);
-    mma_group<T, NT, G>(acc, vb, c + G, c1, frag);
+  load_group<T>(va, get, kr, 0);
+  for (int u = 0; u < kr.chunks; u += 2 * G) {
+    load_group<T>(vb, get, kr, u + G);
+    mma_group<T, NT, G>(acc, va, kr, u, frag);
+    load_group<T>(va, get, kr, u + 2 * G);
+    mma_group<T, NT, G>(acc, vb, kr, u + G, frag);
   }
 }
 
-// A in global memory, row-major, rows 16-byte aligned: rows ra and rb, read
-// from L2 (other blocks of this launch wrote them).
+// A in global memory, row-major, rows 16-byte aligned: the thread's 16
+// bytes of chunk u of rows ra and rb (each pointing at the element of the
+// range's first chunk where the thread's bytes start), read from L2
+// (other blocks of this launch wrote them).
 template <typename T>
 struct GlobalRows {
   const T* ra;
   const T* rb;
-  __device__ __forceinline__ uint4 operator()(int r, int64_t off) const {
-    return __ldcg(reinterpret_cast<const uint4*>((r ? rb : ra) + off));
+  __device__ __forceinline__ uint4 operator()(int r, int u) const {
+    return __ldcg(reinterpret_cast<const uint4*>((r ? rb : ra) + u * kChunk<T>));
   }
 };
 
@@ -469,13 +491,16 @@ __device__ __forceinline__ void store_async(uint32_t addr, float2 v, uint32_t ba
 // A from the cluster's state buffers: rows la / lb (rows of the batch
 // block) of the [bm, NJ] buffers at shared address `buf` of each block,
 // block b holding columns b * NJ .. + NJ - 1 (NJ a multiple of 8: a
-// thread's 16 bytes are in one block).
+// thread's 16 bytes are in one block); chunk u of the thread's range (see
+// KRange) starts at column first + u * chunk of the whole row.
 struct ClusterRows {
   uint32_t buf;
   int la, lb, NJ, elem;  // elem: bytes an element
-  __device__ __forceinline__ uint4 operator()(int r, int64_t off) const {
+  int first, chunk;
+  __device__ __forceinline__ uint4 operator()(int r, int u) const {
+    const int off = first + u * chunk;
     const uint32_t rank = static_cast<uint32_t>(off / NJ);
-    const uint32_t col = static_cast<uint32_t>(off - int64_t(rank) * NJ);
+    const uint32_t col = static_cast<uint32_t>(off - static_cast<int>(rank) * NJ);
     return load_cluster_v4(buf + ((r ? lb : la) * NJ + col) * elem, rank);
   }
 };
@@ -785,6 +810,13 @@ __global__ void __launch_bounds__(kTcThreads, 1)
   }
 
   const int64_t tile_row = r0 + 16 * mt;  // the warp's row tile's first row
+  // The warp's k range and the thread's rows (clamped to the batch: the
+  // rows past it load row B - 1 and are not stored), set up once: on every
+  // step they stood between the barrier and the state's loads.
+  const KRange kr = KRange::of<T>(S, KC * ks / sp.KS, KC * (ks + 1) / sp.KS);
+  const int64_t ra = std::min<int64_t>(row_base, B - 1);
+  const int64_t rb = std::min<int64_t>(row_base + 8, B - 1);
+  const int64_t ra_at = ra * S + kr.first, rb_at = rb * S + kr.first;
   for (int64_t t = 0; t < steps; ++t) {
     const bool last = t == steps - 1;
     const int64_t n = kPacked ? rows_at(bs, B, steps, t) : B;
@@ -794,41 +826,64 @@ __global__ void __launch_bounds__(kTcThreads, 1)
     const T* h_prev = t ? outs + (t - 1) * step_state : h0;
     float acc[NT][4] = {};
     if (live) {
-      const int64_t ra = std::min<int64_t>(row_base, B - 1);
-      const int64_t rb = std::min<int64_t>(row_base + 8, B - 1);
-      const int64_t k0 = KC * ks / sp.KS, k1 = KC * (ks + 1) / sp.KS;
       if (kCluster && t > 0) {
         const uint32_t buf = shared_address(state + ((t - 1) & 1) * bm * NJ);
-        const ClusterRows rows{buf, static_cast<int>(ra - r0), static_cast<int>(rb - r0), NJ,
-                               static_cast<int>(sizeof(T))};
-        tile_product<T, NT>(acc, rows, S, k0, k1, frag);
+        const ClusterRows rows{buf,      static_cast<int>(ra - r0),   static_cast<int>(rb - r0),
+                               NJ,       static_cast<int>(sizeof(T)), kr.first,
+                               kChunk<T>};
+        tile_product<T, NT>(acc, rows, kr, frag);
       } else {
-        tile_product<T, NT>(acc, GlobalRows<T>{h_prev + ra * S, h_prev + rb * S}, S, k0, k1, frag);
+        tile_product<T, NT>(acc, GlobalRows<T>{h_prev + ra_at, h_prev + rb_at}, kr, frag);
       }
     }
     if (sp.KS > 1) reduce_k_split<NACC>(&acc[0][0], red, sp, warp, live);
-    if (owner) {
+    // The cell; the step's h first, the one output the other blocks wait
+    // for: the block arrives at the barrier once its h is written, and
+    // fetches the next step's inputs while the other blocks arrive. Where
+    // the pre-activations and c of the thread's pairs fit in registers
+    // (kHold), their stores wait until after the arrival too.
+    constexpr bool kHold = Q * sizeof(T) <= 4;
+    Pair<T> pre[Q][2][3], cv[Q][2];
+    auto stored = [&](int half, int q) {
+      return valid(half, q) && !(kPacked && row_base + 8 * half >= n);
+    };
+    auto store_rest = [&](int half, int q) {
+      const int64_t row = row_base + 8 * half, j = col_base + 8 * q, i = row * S + j;
       T* g_t = gates + t * step_gates;
+#pragma unroll
+      for (int g = 0; g < 3; ++g) store_pair(g_t + row * S3 + g * S + j, pre[q][half][g]);
+      store_pair(cells + t * step_state + i, cv[q][half]);
+      if (kPacked ? row >= n_next : last) store_pair(c_n + i, cv[q][half]);  // the row's last step
+    };
+    if (owner) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
 #pragma unroll
         for (int q = 0; q < Q; ++q) {
           const int64_t row = row_base + 8 * half, j = col_base + 8 * q, i = row * S + j;
-          if (!valid(half, q) || (kPacked && row >= n)) continue;
+          if (!stored(half, q)) continue;
           float rec[3][2];
           gates_of_pair<Q>(acc, q, half, rec);
-          Pair<T> pre[3], hv, cv;
-          forward_pair<T>(p_next[q][half], rec, b_reg[q], c_reg[q][half], pre, hv, cv);
-#pragma unroll
-          for (int g = 0; g < 3; ++g) store_pair(g_t + row * S3 + g * S + j, pre[g]);
+          Pair<T> hv;
+          forward_pair<T>(p_next[q][half], rec, b_reg[q], c_reg[q][half], pre[q][half], hv,
+                          cv[q][half]);
           store_pair(outs + t * step_state + i, hv);
-          store_pair(cells + t * step_state + i, cv);
           if (kCluster && !last) {
             store_pair(state + (t & 1) * bm * NJ + (row - r0) * NJ + (j - j0), hv);
           }
-          if (kPacked ? row >= n_next : last) {  // the row's last step
-            store_pair(h_n + i, hv);
-            store_pair(c_n + i, cv);
+          if (kPacked ? row >= n_next : last) store_pair(h_n + i, hv);
+          if constexpr (!kHold) store_rest(half, q);
+        }
+      }
+    }
+    if (!kCluster && !last) row_arrive(arrivals);
+    if (owner) {
+      if constexpr (kHold) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+#pragma unroll
+          for (int q = 0; q < Q; ++q) {
+            if (stored(half, q)) store_rest(half, q);
           }
         }
       }
@@ -840,7 +895,7 @@ __global__ void __launch_bounds__(kTcThreads, 1)
       if constexpr (kCluster) {
         cluster_barrier();
       } else {
-        row_barrier(arrivals, static_cast<unsigned long long>(t + 1) * gridDim.x);
+        row_wait(arrivals, static_cast<unsigned long long>(t + 1) * gridDim.x);
       }
     }
   }
@@ -920,6 +975,10 @@ __global__ void __launch_bounds__(kTcThreads, 1)
   }
 
   const int64_t tile_row = r0 + 16 * mt;  // the warp's row tile's first row
+  // The warp's k range and the thread's rows, set up once (see the forward).
+  const KRange kr = KRange::of<T>(S3, KC * ks / sp.KS, KC * (ks + 1) / sp.KS);
+  const int64_t ra_at = std::min<int64_t>(row_base, B - 1) * S3 + kr.first;
+  const int64_t rb_at = std::min<int64_t>(row_base + 8, B - 1) * S3 + kr.first;
   for (int64_t t = t1 - 1; t >= t0; --t) {
     const bool last = t == T_ - 1;
     const int64_t n = kPacked ? rows_at(bs, B, T_, t) : B;
@@ -930,14 +989,14 @@ __global__ void __launch_bounds__(kTcThreads, 1)
     float acc[NT][4] = {};
     // Rows with no step after this one (all, at the last): no recurrent gradient.
     if (active && (kPacked ? tile_row < n_next : !last)) {
-      const int64_t ra = std::min<int64_t>(row_base, B - 1);
-      const int64_t rb = std::min<int64_t>(row_base + 8, B - 1);
-      tile_product<T, NT>(acc, GlobalRows<T>{dG_next + ra * S3, dG_next + rb * S3}, S3,
-                          KC * ks / sp.KS, KC * (ks + 1) / sp.KS, frag);
+      tile_product<T, NT>(acc, GlobalRows<T>{dG_next + ra_at, dG_next + rb_at}, kr, frag);
     }
     if (sp.KS > 1) reduce_k_split<NACC>(&acc[0][0], red, sp, warp, active);
+    // The cell and the step's dG, the one output the other blocks wait for:
+    // the block arrives at the barrier once it is written, and fetches the
+    // next step's inputs and sums the bias gradient while the others arrive.
+    float sums[3][Q][2] = {};
     if (owner) {
-      float sums[3][Q][2] = {};
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
 #pragma unroll
@@ -959,6 +1018,9 @@ __global__ void __launch_bounds__(kTcThreads, 1)
           }
         }
       }
+    }
+    if (t > t0) row_arrive(arrivals);
+    if (owner) {
       if (t > t0) prefetch(t - 1);
       // Column sums over the tile's 16 rows: lanes with the same lane % 4
       // hold the same columns.
@@ -985,7 +1047,7 @@ __global__ void __launch_bounds__(kTcThreads, 1)
       for (int m = 0; m < sp.I; ++m) s += bsum[m * 3 * NJ + e];
       partial[static_cast<int64_t>(blockIdx.y) * S3 + g * S + j] += s;
     }
-    if (t > t0) row_barrier(arrivals, static_cast<unsigned long long>(t1 - t) * gridDim.x);
+    if (t > t0) row_wait(arrivals, static_cast<unsigned long long>(t1 - t) * gridDim.x);
   }
   // The chunk's last step is the earliest: its dc is d c_{t0 - 1}.
   if (owner) {
