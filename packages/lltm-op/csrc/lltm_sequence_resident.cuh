@@ -1,8 +1,8 @@
 // lltm_op: the resident-weight persistent kernels of the LLTM sequence:
 // float32 at full precision (no TF32), the recurrent product on the FMA
 // units, any GPU the package builds for. Included by lltm_sequence_cuda.cu
-// inside its anonymous namespace (it uses that file's row_barrier and
-// rows_at, and tc::batched_copy).
+// inside its anonymous namespace (it uses that file's row_barrier,
+// row_arrive / row_wait and rows_at, and tc::batched_copy).
 //
 // The fused kernels (lltm_sequence_cuda.cu) read their columns of the
 // recurrent weights from L2 at every step: at B8 S1024 a block re-reads
@@ -23,7 +23,8 @@
 // rows, which the 8 row groups read as one broadcast. The 4 k-lanes sum
 // with shuffles, the warps that split k through shared memory, and the
 // block's threads then finish the cell, one (row, column) each, as the fused
-// kernels do. The blocks of a batch block meet at row_barrier between steps.
+// kernels do. The blocks of a batch block meet at a barrier between steps
+// (row_barrier; the backward arrives before it sums its bias gradient).
 #pragma once
 
 namespace resident {
@@ -395,7 +396,14 @@ __global__ void __launch_bounds__(kThreads)
         finish_cell(e, v, cell_inputs(e, v));
       }
     }
-    __syncthreads();
+    // Arrive with the step's dG written (and its bias-gradient rows: the
+    // arrival holds the block's threads), then sum the bias gradient while
+    // the other blocks arrive.
+    if (t > t0) {
+      row_arrive(arrivals);
+    } else {
+      __syncthreads();
+    }
     // The block's rows' bias gradient, summed in row order (deterministic).
     for (int e = threadIdx.x; e < 3 * NJ; e += kThreads) {
       const int g = e / NJ, jj = e % NJ;
@@ -404,7 +412,7 @@ __global__ void __launch_bounds__(kThreads)
       for (int r = 0; r < bm; ++r) sum += bsum[(r * 3 + g) * NJ + jj];
       partial[static_cast<int64_t>(blockIdx.y) * S3 + g * S + j0 + jj] += sum;
     }
-    if (t > t0) row_barrier(arrivals, static_cast<unsigned long long>(t1 - t) * gridDim.x);
+    if (t > t0) row_wait(arrivals, static_cast<unsigned long long>(t1 - t) * gridDim.x);
   }
 }
 

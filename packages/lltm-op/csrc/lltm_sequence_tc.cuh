@@ -843,7 +843,7 @@ __global__ void __launch_bounds__(kTcThreads, 1)
     // the pre-activations and c of the thread's pairs fit in registers
     // (kHold), their stores wait until after the arrival too.
     constexpr bool kHold = Q * sizeof(T) <= 4;
-    Pair<T> pre[Q][2][3], cv[Q][2];
+    Pair<T> pre[Q][2][3] = {}, cv[Q][2] = {};
     auto stored = [&](int half, int q) {
       return valid(half, q) && !(kPacked && row_base + 8 * half >= n);
     };
