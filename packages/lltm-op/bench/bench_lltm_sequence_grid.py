@@ -27,7 +27,10 @@ and ``torch.backends.cudnn.allow_tf32``) and full float32 for both.
 
 Also: the recurrent product's achieved TFLOP/s (2 * B * S * 3S per step
 forward, twice that backward, over the measured time: a lower bound of what
-the engine reaches, the input products and the cell are not counted).
+the engine reaches, the input products and the cell are not counted), and
+that as a fraction of the GPU's dense peak for the dtype (tensor cores for
+bfloat16, float16 and TF32, the FMA units for full float32; "-" on a GPU
+this script has no figures for).
 
 --quick: two tiny sizes on the CPU (a smoke run).
 """
@@ -113,8 +116,36 @@ def variants(args, lstm, hx, grads, global_column=False, cublas_column=True):
     return groups
 
 
+# Dense peak TFLOP/s from NVIDIA's data sheets (no sparsity): 16-bit and
+# TF32 tensor cores, float32 FMA. Matched on the name torch reports.
+PEAK_TFLOPS = {
+    "H100 80GB HBM3": {"bf16": 989.4, "f16": 989.4, "f32 TF32": 494.7, "f32 full": 66.9},
+    "H200": {"bf16": 989.4, "f16": 989.4, "f32 TF32": 494.7, "f32 full": 66.9},
+    "H100 PCIe": {"bf16": 756.5, "f16": 756.5, "f32 TF32": 378.0, "f32 full": 51.2},
+    "A100": {"bf16": 312.0, "f16": 312.0, "f32 TF32": 156.0, "f32 full": 19.5},
+}
+
+
+def peak_tflops(device_name: str, dtype_label: str) -> float | None:
+    """The dense peak of `dtype_label` ("bf16", "f16", "f32 TF32", "f32 full")
+    on the named GPU, or None where this table has no figure."""
+    for key, peaks in PEAK_TFLOPS.items():
+        if key in device_name:
+            return peaks.get(dtype_label)
+    return None
+
+
 def ms_or_dash(ms: float | None) -> str:
     return "-" if ms is None else f"{ms:.3f}"
+
+
+def pct_or_dash(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}%"
+
+
+def percent(row: dict) -> float | None:
+    """A row's recurrent TFLOP/s as a percentage of the dense peak, or None."""
+    return None if row.get("peak_fraction") is None else 100 * row["peak_fraction"]
 
 
 def main() -> None:
@@ -145,9 +176,10 @@ def main() -> None:
     rows = []
     header = (
         f"{'T':>5} {'B':>4} {'S':>5} {'dtype':>9} {'mode':>16} {'ours ms':>8} {'cuBLAS':>8} "
-        f"{'LSTM ms':>8} {'ratio':>6} {'TFLOP/s':>7}" + (f" {'global':>8}" if a.global_column else "")
+        f"{'LSTM ms':>8} {'ratio':>6} {'TFLOP/s':>7} {'peak':>6}" + (f" {'global':>8}" if a.global_column else "")
     )
-    print(f"device: {torch.cuda.get_device_name() if device == 'cuda' else 'cpu'}, torch {torch.__version__}")
+    device_name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    print(f"device: {device_name}, torch {torch.__version__}")
     print(header)
     for T, B, S, dname in grid:
         dtype = DTYPES[dname]
@@ -164,6 +196,7 @@ def main() -> None:
                     ratio = times[OURS] / times[LSTM]
                     tflops = flops / (times[OURS] * 1e-6) / 1e12
                     dlabel = dname + (f" {label}" if label else "")
+                    peak = peak_tflops(device_name, dlabel)
                     row = {
                         "T": T,
                         "B": B,
@@ -176,13 +209,15 @@ def main() -> None:
                         "lstm_ms": times[LSTM] / 1e3,
                         "ratio_vs_lstm": ratio,
                         "recurrent_tflops": tflops,
+                        "peak_fraction": tflops / peak if peak else None,
                     }
                     if GLOBAL in times:
                         row["global_ms"] = times[GLOBAL] / 1e3
                     rows.append(row)
                     print(
                         f"{T:>5} {B:>4} {S:>5} {dlabel:>9} {mode:>16} {row['ours_ms']:>8.3f} "
-                        f"{ms_or_dash(row['cublas_ms']):>8} {row['lstm_ms']:>8.3f} {ratio:>6.2f} {tflops:>7.1f}"
+                        f"{ms_or_dash(row['cublas_ms']):>8} {row['lstm_ms']:>8.3f} {ratio:>6.2f} {tflops:>7.1f} "
+                        f"{pct_or_dash(percent(row)):>6}"
                         + (f" {row['global_ms']:>8.3f}" if "global_ms" in row else ""),
                         flush=True,
                     )
@@ -196,7 +231,6 @@ def main() -> None:
         out = Path(a.out)
         out.mkdir(parents=True, exist_ok=True)
         (out / "lltm_sequence_grid.json").write_text(json.dumps(rows, indent=1))
-        device_name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
         md = [
             f"device: {device_name}, torch {torch.__version__}; command: python bench/bench_lltm_sequence_grid.py "
             + ("--quick" if a.quick else f"--T {a.T} --B {a.B} --S {a.S} --dtypes {a.dtypes}")
@@ -205,15 +239,16 @@ def main() -> None:
             + (" --global-column" if a.global_column else "")
             + (" --no-cublas-column" if a.no_cublas_column else ""),
             "",
-            "| T | B | S = F | dtype | mode | lltm_sequence ms | cuBLAS path ms | nn.LSTM ms | ratio | TFLOP/s |"
-            + (" global barrier ms |" if a.global_column else ""),
+            "| T | B | S = F | dtype | mode | lltm_sequence ms | cuBLAS path ms | nn.LSTM ms | ratio | TFLOP/s "
+            "| of peak |" + (" global barrier ms |" if a.global_column else ""),
         ]
-        md.append("|---|---|---|---|---|---|---|---|---|---|" + ("---|" if a.global_column else ""))
+        md.append("|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if a.global_column else ""))
         for r in rows:
             md.append(
                 f"| {r['T']} | {r['B']} | {r['S']} | {r['dtype']} | {r['mode']} | {r['ours_ms']:.3f} | "
                 f"{ms_or_dash(r['cublas_ms'])} | {r['lstm_ms']:.3f} | {r['ratio_vs_lstm']:.2f} | "
-                f"{r['recurrent_tflops']:.1f} |" + (f" {r['global_ms']:.3f} |" if "global_ms" in r else "")
+                f"{r['recurrent_tflops']:.1f} | {pct_or_dash(percent(r))} |"
+                + (f" {r['global_ms']:.3f} |" if "global_ms" in r else "")
             )
         (out / "lltm_sequence_grid.md").write_text("\n".join(md) + "\n")
         plot(rows, out / "lltm_sequence_grid.png")
