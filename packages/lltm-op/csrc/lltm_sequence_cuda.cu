@@ -1163,6 +1163,47 @@ struct CudaDev {
   static const int64_t* ptr_of(const std::optional<Tensor>& t) {
     return t ? t->const_data_ptr<int64_t>() : nullptr;
   }
+  static unsigned long long* counters_of(Tensor& arrivals) {
+    return static_cast<unsigned long long*>(arrivals.mutable_data_ptr());
+  }
+
+  // What the tensor-core and resident launches of a call share: the
+  // stream, the shared memory a block may opt in to, and a packed run's
+  // batch sizes on the device (`sizes()`, null for a whole batch).
+  struct StepLaunch {
+    cudaStream_t stream;
+    int optin;
+    std::optional<Tensor> bs;
+    StepLaunch(const Tensor& like, const char* op, const int64_t* batch_sizes, int64_t T)
+        : stream(opscommon::current_stream(like.get_device())),
+          optin(opscommon::device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(
+              like.get_device())),
+          bs(device_sizes(like, op, batch_sizes, T)) {}
+    const int64_t* sizes() const { return ptr_of(bs); }
+    // kernel<<<grid, threads, smem>>>(args...) on the stream, the opt-in
+    // shared memory allowed first.
+    template <typename Kernel, typename... Args>
+    void launch(Kernel kernel, dim3 grid, int threads, size_t smem, Args... args) const {
+      allow_optin(kernel);
+      kernel<<<grid, threads, smem, stream>>>(args...);
+      OPSCOMMON_CUDA_CHECK_LAUNCH();
+    }
+    // The same in clusters of grid.x blocks (sm_90).
+    template <typename Kernel, typename... Args>
+    void launch_clusters(Kernel kernel, dim3 grid, int threads, size_t smem, Args... args) const {
+      allow_optin(kernel);
+      OPSCOMMON_CUDA_CHECK(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+      cudaLaunchAttribute attr;
+      const cudaLaunchConfig_t cfg = cluster_config(kernel, grid, smem, stream, &attr, threads);
+      OPSCOMMON_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, args...));
+    }
+    template <typename Kernel>
+    void allow_optin(Kernel kernel) const {
+      OPSCOMMON_CUDA_CHECK(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
+    }
+  };
 
   static dim3 fused_grid(int64_t B, int64_t S) {
     return dim3(grid_dim((S + 31) / 32, "the state size"),
@@ -1172,27 +1213,16 @@ struct CudaDev {
   // A block-local kernel's launch: clusters of l.grid.x blocks where that is
   // more than one.
   template <typename Kernel, typename... Args>
-  static void launch_local(Kernel kernel, const LocalLaunch& l, int optin, cudaStream_t stream,
-                           Args... args) {
-    OPSCOMMON_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
+  static void launch_local(Kernel kernel, const LocalLaunch& l, const StepLaunch& s, Args... args) {
     if (l.grid.x == 1) {
-      kernel<<<l.grid, l.threads, l.smem, stream>>>(args...);
-      OPSCOMMON_CUDA_CHECK_LAUNCH();
-      return;
+      s.launch(kernel, l.grid, l.threads, l.smem, args...);
+    } else {
+      s.launch_clusters(kernel, l.grid, l.threads, l.smem, args...);
     }
-    OPSCOMMON_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-    cudaLaunchAttribute attr;
-    const cudaLaunchConfig_t cfg = cluster_config(kernel, l.grid, l.smem, stream, &attr, l.threads);
-    OPSCOMMON_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, args...));
   }
 
   static bool forward_steps_local(const Tensor& like, const ForwardSteps& a, const TcPlan& p) {
-    const int device = like.get_device();
-    const cudaStream_t stream = opscommon::current_stream(device);
-    const int optin = opscommon::device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(device);
-    const std::optional<Tensor> bs = device_sizes(like, kSeqForward, a.batch_sizes, a.T);
+    const StepLaunch s(like, kSeqForward, a.batch_sizes, a.T);
     const ForwardStep& f = a.first;
     opscommon::dispatch_floating(like.scalar_type(), kSeqForward, [&](auto tag) {
       using T = decltype(tag);
@@ -1203,11 +1233,11 @@ struct CudaDev {
           auto kernel = a.batch_sizes != nullptr
                             ? tc::forward_tc_local_kernel<T, Q, true, kCluster>
                             : tc::forward_tc_local_kernel<T, Q, false, kCluster>;
-          launch_local(kernel, p.local_forward, optin, stream, a.T, a.B, a.S,
-                       static_cast<T*>(f.gates), static_cast<const T*>(f.bias),
-                       static_cast<const T*>(f.h_prev), static_cast<const T*>(f.w_hT),
-                       static_cast<const T*>(f.c_prev), static_cast<T*>(f.h), static_cast<T*>(f.c),
-                       static_cast<T*>(a.h_n), static_cast<T*>(a.c_n), ptr_of(bs));
+          launch_local(kernel, p.local_forward, s, a.T, a.B, a.S, static_cast<T*>(f.gates),
+                       static_cast<const T*>(f.bias), static_cast<const T*>(f.h_prev),
+                       static_cast<const T*>(f.w_hT), static_cast<const T*>(f.c_prev),
+                       static_cast<T*>(f.h), static_cast<T*>(f.c), static_cast<T*>(a.h_n),
+                       static_cast<T*>(a.c_n), s.sizes());
         });
       }
     });
@@ -1215,10 +1245,7 @@ struct CudaDev {
   }
 
   static bool backward_steps_local(const Tensor& like, const BackwardSteps& a, const TcPlan& p) {
-    const int device = like.get_device();
-    const cudaStream_t stream = opscommon::current_stream(device);
-    const int optin = opscommon::device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(device);
-    const std::optional<Tensor> bs = device_sizes(like, kSeqBackward, a.batch_sizes, a.T);
+    const StepLaunch s(like, kSeqBackward, a.batch_sizes, a.T);
     opscommon::dispatch_floating(like.scalar_type(), kSeqBackward, [&](auto tag) {
       using T = decltype(tag);
       if constexpr (!std::is_same_v<T, double>) {
@@ -1228,13 +1255,12 @@ struct CudaDev {
           auto kernel = a.batch_sizes != nullptr
                             ? tc::backward_tc_local_kernel<T, Q, true, kCluster>
                             : tc::backward_tc_local_kernel<T, Q, false, kCluster>;
-          launch_local(kernel, p.local_backward, optin, stream, a.T, a.t0, a.t1, a.K, a.B, a.S,
+          launch_local(kernel, p.local_backward, s, a.T, a.t0, a.t1, a.K, a.B, a.S,
                        static_cast<const T*>(a.grad_outputs), static_cast<const T*>(a.grad_h_n),
                        static_cast<const T*>(a.grad_c_n), static_cast<T*>(a.dG),
                        static_cast<const T*>(a.w_h), a.w_ld, static_cast<T*>(a.dc),
                        static_cast<const T*>(a.gates), static_cast<const T*>(a.cells),
-                       static_cast<const T*>(a.c0), static_cast<float*>(a.bias_partial),
-                       ptr_of(bs));
+                       static_cast<const T*>(a.c0), static_cast<float*>(a.bias_partial), s.sizes());
         });
       }
     });
@@ -1255,11 +1281,7 @@ struct CudaDev {
 
   static bool forward_steps_tc(const Tensor& like, const ForwardSteps& a, const TcPlan& p) {
     if (p.local_forward.ok) return forward_steps_local(like, a, p);
-    const int device = like.get_device();
-    const cudaStream_t stream = opscommon::current_stream(device);
-    const int optin = opscommon::device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(device);
-    Tensor arrivals = arrival_counters(like, p.grid.y);
-    const std::optional<Tensor> bs = device_sizes(like, kSeqForward, a.batch_sizes, a.T);
+    const StepLaunch s(like, kSeqForward, a.batch_sizes, a.T);
     const ForwardStep& f = a.first;
     std::optional<Tensor> h0_copy;
     const void* h0 = aligned_h0(like, a, h0_copy);
@@ -1275,23 +1297,18 @@ struct CudaDev {
             constexpr int Q = decltype(qc)::value;
             auto kernel = a.batch_sizes != nullptr ? tc::forward_tc_kernel<T, Q, true, true>
                                                    : tc::forward_tc_kernel<T, Q, false, true>;
-            OPSCOMMON_CUDA_CHECK(
-                cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
-            OPSCOMMON_CUDA_CHECK(
-                cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-            cudaLaunchAttribute attr;
-            const cudaLaunchConfig_t cfg = cluster_config(kernel, c.grid, c.smem, stream, &attr);
-            OPSCOMMON_CUDA_CHECK(cudaLaunchKernelEx(
-                &cfg, kernel, a.T, a.B, a.S, c.bm, static_cast<T*>(f.gates),
-                static_cast<const T*>(f.bias), static_cast<const T*>(h0),
-                static_cast<const T*>(f.w_hT), static_cast<const T*>(f.c_prev),
-                static_cast<T*>(f.h), static_cast<T*>(f.c), static_cast<T*>(a.h_n),
-                static_cast<T*>(a.c_n), ptr_of(bs), static_cast<unsigned long long*>(nullptr)));
+            s.launch_clusters(kernel, c.grid, tc::kTcThreads, c.smem, a.T, a.B, a.S, c.bm,
+                              static_cast<T*>(f.gates), static_cast<const T*>(f.bias),
+                              static_cast<const T*>(h0), static_cast<const T*>(f.w_hT),
+                              static_cast<const T*>(f.c_prev), static_cast<T*>(f.h),
+                              static_cast<T*>(f.c), static_cast<T*>(a.h_n), static_cast<T*>(a.c_n),
+                              s.sizes(), static_cast<unsigned long long*>(nullptr));
           });
         }
       });
       return true;
     }
+    Tensor arrivals = arrival_counters(like, p.grid.y);
     opscommon::dispatch_floating(like.scalar_type(), kSeqForward, [&](auto tag) {
       using T = decltype(tag);
       if constexpr (!std::is_same_v<T, double>) {
@@ -1299,15 +1316,12 @@ struct CudaDev {
           constexpr int Q = decltype(qc)::value;
           auto kernel = a.batch_sizes != nullptr ? tc::forward_tc_kernel<T, Q, true>
                                                  : tc::forward_tc_kernel<T, Q, false>;
-          OPSCOMMON_CUDA_CHECK(
-              cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
-          kernel<<<p.grid, tc::kTcThreads, p.smem_forward, stream>>>(
-              a.T, a.B, a.S, p.bm, static_cast<T*>(f.gates), static_cast<const T*>(f.bias),
-              static_cast<const T*>(h0), static_cast<const T*>(f.w_hT),
-              static_cast<const T*>(f.c_prev), static_cast<T*>(f.h), static_cast<T*>(f.c),
-              static_cast<T*>(a.h_n), static_cast<T*>(a.c_n), ptr_of(bs),
-              static_cast<unsigned long long*>(arrivals.mutable_data_ptr()));
-          OPSCOMMON_CUDA_CHECK_LAUNCH();
+          s.launch(kernel, p.grid, tc::kTcThreads, p.smem_forward, a.T, a.B, a.S, p.bm,
+                   static_cast<T*>(f.gates), static_cast<const T*>(f.bias),
+                   static_cast<const T*>(h0), static_cast<const T*>(f.w_hT),
+                   static_cast<const T*>(f.c_prev), static_cast<T*>(f.h), static_cast<T*>(f.c),
+                   static_cast<T*>(a.h_n), static_cast<T*>(a.c_n), s.sizes(),
+                   counters_of(arrivals));
         });
       }
     });
@@ -1316,11 +1330,8 @@ struct CudaDev {
 
   static bool backward_steps_tc(const Tensor& like, const BackwardSteps& a, const TcPlan& p) {
     if (p.local_backward.ok) return backward_steps_local(like, a, p);
-    const int device = like.get_device();
-    const cudaStream_t stream = opscommon::current_stream(device);
-    const int optin = opscommon::device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(device);
+    const StepLaunch s(like, kSeqBackward, a.batch_sizes, a.T);
     Tensor arrivals = arrival_counters(like, p.grid.y);
-    const std::optional<Tensor> bs = device_sizes(like, kSeqBackward, a.batch_sizes, a.T);
     opscommon::dispatch_floating(like.scalar_type(), kSeqBackward, [&](auto tag) {
       using T = decltype(tag);
       if constexpr (!std::is_same_v<T, double>) {
@@ -1328,16 +1339,13 @@ struct CudaDev {
           constexpr int Q = decltype(qc)::value;
           auto kernel = a.batch_sizes != nullptr ? tc::backward_tc_kernel<T, Q, true>
                                                  : tc::backward_tc_kernel<T, Q, false>;
-          OPSCOMMON_CUDA_CHECK(
-              cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
-          kernel<<<p.grid, tc::kTcThreads, p.smem_backward, stream>>>(
-              a.T, a.t0, a.t1, a.K, a.B, a.S, p.bm, static_cast<const T*>(a.grad_outputs),
-              static_cast<const T*>(a.grad_h_n), static_cast<const T*>(a.grad_c_n),
-              static_cast<T*>(a.dG), static_cast<const T*>(a.w_h), a.w_ld, static_cast<T*>(a.dc),
-              static_cast<const T*>(a.gates), static_cast<const T*>(a.cells),
-              static_cast<const T*>(a.c0), static_cast<float*>(a.bias_partial), ptr_of(bs),
-              static_cast<unsigned long long*>(arrivals.mutable_data_ptr()));
-          OPSCOMMON_CUDA_CHECK_LAUNCH();
+          s.launch(kernel, p.grid, tc::kTcThreads, p.smem_backward, a.T, a.t0, a.t1, a.K, a.B, a.S,
+                   p.bm, static_cast<const T*>(a.grad_outputs), static_cast<const T*>(a.grad_h_n),
+                   static_cast<const T*>(a.grad_c_n), static_cast<T*>(a.dG),
+                   static_cast<const T*>(a.w_h), a.w_ld, static_cast<T*>(a.dc),
+                   static_cast<const T*>(a.gates), static_cast<const T*>(a.cells),
+                   static_cast<const T*>(a.c0), static_cast<float*>(a.bias_partial), s.sizes(),
+                   counters_of(arrivals));
         });
       }
     });
@@ -1346,11 +1354,8 @@ struct CudaDev {
 
   static bool forward_steps_resident(const Tensor& like, const ForwardSteps& a,
                                      const ResidentLaunch& l) {
-    const int device = like.get_device();
-    const cudaStream_t stream = opscommon::current_stream(device);
-    const int optin = opscommon::device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(device);
+    const StepLaunch s(like, kSeqForward, a.batch_sizes, a.T);
     Tensor arrivals = arrival_counters(like, l.grid.y);
-    const std::optional<Tensor> bs = device_sizes(like, kSeqForward, a.batch_sizes, a.T);
     const ForwardStep& f = a.first;
     std::optional<Tensor> h0_copy;
     const void* h0 = aligned_h0(like, a, h0_copy);
@@ -1358,42 +1363,31 @@ struct CudaDev {
       constexpr int NJ = decltype(njc)::value, RT = decltype(rtc)::value;
       auto kernel = a.batch_sizes != nullptr ? resident::forward_resident_kernel<NJ, RT, true>
                                              : resident::forward_resident_kernel<NJ, RT, false>;
-      OPSCOMMON_CUDA_CHECK(
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
-      kernel<<<l.grid, resident::kThreads, l.smem, stream>>>(
-          a.T, a.B, a.S, l.row_warps, static_cast<float*>(f.gates),
-          static_cast<const float*>(f.bias), static_cast<const float*>(h0),
-          static_cast<const float*>(f.w_hT), static_cast<const float*>(f.c_prev),
-          static_cast<float*>(f.h), static_cast<float*>(f.c), static_cast<float*>(a.h_n),
-          static_cast<float*>(a.c_n), ptr_of(bs),
-          static_cast<unsigned long long*>(arrivals.mutable_data_ptr()));
-      OPSCOMMON_CUDA_CHECK_LAUNCH();
+      s.launch(kernel, l.grid, resident::kThreads, l.smem, a.T, a.B, a.S, l.row_warps,
+               static_cast<float*>(f.gates), static_cast<const float*>(f.bias),
+               static_cast<const float*>(h0), static_cast<const float*>(f.w_hT),
+               static_cast<const float*>(f.c_prev), static_cast<float*>(f.h),
+               static_cast<float*>(f.c), static_cast<float*>(a.h_n), static_cast<float*>(a.c_n),
+               s.sizes(), counters_of(arrivals));
     });
     return true;
   }
 
   static bool backward_steps_resident(const Tensor& like, const BackwardSteps& a,
                                       const ResidentLaunch& l) {
-    const int device = like.get_device();
-    const cudaStream_t stream = opscommon::current_stream(device);
-    const int optin = opscommon::device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(device);
+    const StepLaunch s(like, kSeqBackward, a.batch_sizes, a.T);
     Tensor arrivals = arrival_counters(like, l.grid.y);
-    const std::optional<Tensor> bs = device_sizes(like, kSeqBackward, a.batch_sizes, a.T);
     with_resident(l.nj, l.rt, [&](auto njc, auto rtc) {
       constexpr int NJ = decltype(njc)::value, RT = decltype(rtc)::value;
       auto kernel = a.batch_sizes != nullptr ? resident::backward_resident_kernel<NJ, RT, true>
                                              : resident::backward_resident_kernel<NJ, RT, false>;
-      OPSCOMMON_CUDA_CHECK(
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
-      kernel<<<l.grid, resident::kThreads, l.smem, stream>>>(
-          a.T, a.t0, a.t1, a.K, a.B, a.S, l.row_warps, static_cast<const float*>(a.grad_outputs),
-          static_cast<const float*>(a.grad_h_n), static_cast<const float*>(a.grad_c_n),
-          static_cast<float*>(a.dG), static_cast<const float*>(a.w_h), a.w_ld,
-          static_cast<float*>(a.dc), static_cast<const float*>(a.gates),
-          static_cast<const float*>(a.cells), static_cast<const float*>(a.c0),
-          static_cast<float*>(a.bias_partial), ptr_of(bs),
-          static_cast<unsigned long long*>(arrivals.mutable_data_ptr()));
-      OPSCOMMON_CUDA_CHECK_LAUNCH();
+      s.launch(kernel, l.grid, resident::kThreads, l.smem, a.T, a.t0, a.t1, a.K, a.B, a.S,
+               l.row_warps, static_cast<const float*>(a.grad_outputs),
+               static_cast<const float*>(a.grad_h_n), static_cast<const float*>(a.grad_c_n),
+               static_cast<float*>(a.dG), static_cast<const float*>(a.w_h), a.w_ld,
+               static_cast<float*>(a.dc), static_cast<const float*>(a.gates),
+               static_cast<const float*>(a.cells), static_cast<const float*>(a.c0),
+               static_cast<float*>(a.bias_partial), s.sizes(), counters_of(arrivals));
     });
     return true;
   }
@@ -1421,8 +1415,7 @@ struct CudaDev {
           a.T, a.B, a.S, static_cast<T*>(f.gates), static_cast<const T*>(f.bias),
           static_cast<const T*>(f.h_prev), static_cast<const T*>(f.w_hT),
           static_cast<const T*>(f.c_prev), static_cast<T*>(f.h), static_cast<T*>(f.c),
-          static_cast<T*>(a.h_n), static_cast<T*>(a.c_n), ptr_of(bs),
-          static_cast<unsigned long long*>(arrivals.mutable_data_ptr()));
+          static_cast<T*>(a.h_n), static_cast<T*>(a.c_n), ptr_of(bs), counters_of(arrivals));
       OPSCOMMON_CUDA_CHECK_LAUNCH();
       ran = true;
     });
@@ -1453,7 +1446,7 @@ struct CudaDev {
           static_cast<T*>(a.dG), static_cast<const T*>(a.w_h), a.w_ld, static_cast<T*>(a.dc),
           static_cast<const T*>(a.gates), static_cast<const T*>(a.cells),
           static_cast<const T*>(a.c0), static_cast<Acc<T>*>(a.bias_partial), ptr_of(bs),
-          static_cast<unsigned long long*>(arrivals.mutable_data_ptr()));
+          counters_of(arrivals));
       OPSCOMMON_CUDA_CHECK_LAUNCH();
       ran = true;
     });
