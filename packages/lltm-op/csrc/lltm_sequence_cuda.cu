@@ -713,6 +713,20 @@ void with_bool(bool b, F&& f) {
   }
 }
 
+// f(kCluster, kSmallK) for the block-local kernels of state size S: one block
+// or a cluster, and in a cluster whether the product fits the smaller
+// register chunks (tc::local_small_k; a block alone has one variant).
+template <typename T, typename F>
+void with_local_variant(bool cluster, int64_t S, bool forward, F&& f) {
+  with_bool(cluster, [&](auto kc) {
+    if constexpr (decltype(kc)::value) {
+      with_bool(tc::local_small_k<T>(S, forward), [&](auto ks) { f(kc, ks); });
+    } else {
+      f(kc, std::false_type{});
+    }
+  });
+}
+
 template <typename F>
 void with_q(int q, F&& f) {
   if (q == 1) {
@@ -858,12 +872,12 @@ LocalLaunch compute_local_launch(const Dims& d, int device, int sms, int optin, 
                       resident_clusters(packed, C, n, smem, optin, sms));
     };
     int clusters = 0;
-    with_bool(C > 1, [&](auto kc) {
-      constexpr bool kCluster = decltype(kc)::value;
-      clusters = forward ? resident(tc::forward_tc_local_kernel<T, Q, false, kCluster>,
-                                    tc::forward_tc_local_kernel<T, Q, true, kCluster>)
-                         : resident(tc::backward_tc_local_kernel<T, Q, false, kCluster>,
-                                    tc::backward_tc_local_kernel<T, Q, true, kCluster>);
+    with_local_variant<T>(C > 1, d.S, forward, [&](auto kc, auto ks) {
+      constexpr bool kCluster = decltype(kc)::value, kSmallK = decltype(ks)::value;
+      clusters = forward ? resident(tc::forward_tc_local_kernel<T, Q, false, kCluster, kSmallK>,
+                                    tc::forward_tc_local_kernel<T, Q, true, kCluster, kSmallK>)
+                         : resident(tc::backward_tc_local_kernel<T, Q, false, kCluster, kSmallK>,
+                                    tc::backward_tc_local_kernel<T, Q, true, kCluster, kSmallK>);
     });
     if (gy > clusters) return launch;
     launch.ok = true;
@@ -1228,11 +1242,11 @@ struct CudaDev {
       using T = decltype(tag);
       if constexpr (!std::is_same_v<T, double>) {
         constexpr int Q = tc::kLocalQ;
-        with_bool(p.local_forward.grid.x > 1, [&](auto kc) {
-          constexpr bool kCluster = decltype(kc)::value;
+        with_local_variant<T>(p.local_forward.grid.x > 1, a.S, true, [&](auto kc, auto ks) {
+          constexpr bool kCluster = decltype(kc)::value, kSmallK = decltype(ks)::value;
           auto kernel = a.batch_sizes != nullptr
-                            ? tc::forward_tc_local_kernel<T, Q, true, kCluster>
-                            : tc::forward_tc_local_kernel<T, Q, false, kCluster>;
+                            ? tc::forward_tc_local_kernel<T, Q, true, kCluster, kSmallK>
+                            : tc::forward_tc_local_kernel<T, Q, false, kCluster, kSmallK>;
           launch_local(kernel, p.local_forward, s, a.T, a.B, a.S, static_cast<T*>(f.gates),
                        static_cast<const T*>(f.bias), static_cast<const T*>(f.h_prev),
                        static_cast<const T*>(f.w_hT), static_cast<const T*>(f.c_prev),
@@ -1250,11 +1264,11 @@ struct CudaDev {
       using T = decltype(tag);
       if constexpr (!std::is_same_v<T, double>) {
         constexpr int Q = tc::kLocalQ;
-        with_bool(p.local_backward.grid.x > 1, [&](auto kc) {
-          constexpr bool kCluster = decltype(kc)::value;
+        with_local_variant<T>(p.local_backward.grid.x > 1, a.S, false, [&](auto kc, auto ks) {
+          constexpr bool kCluster = decltype(kc)::value, kSmallK = decltype(ks)::value;
           auto kernel = a.batch_sizes != nullptr
-                            ? tc::backward_tc_local_kernel<T, Q, true, kCluster>
-                            : tc::backward_tc_local_kernel<T, Q, false, kCluster>;
+                            ? tc::backward_tc_local_kernel<T, Q, true, kCluster, kSmallK>
+                            : tc::backward_tc_local_kernel<T, Q, false, kCluster, kSmallK>;
           launch_local(kernel, p.local_backward, s, a.T, a.t0, a.t1, a.K, a.B, a.S,
                        static_cast<const T*>(a.grad_outputs), static_cast<const T*>(a.grad_h_n),
                        static_cast<const T*>(a.grad_c_n), static_cast<T*>(a.dG),

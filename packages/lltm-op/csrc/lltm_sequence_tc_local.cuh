@@ -50,6 +50,32 @@ constexpr int local_max_threads() {
   return 32 * (kCluster ? kLocalClusterMaxWarps : kLocalMaxWarps);
 }
 constexpr int kLocalGroup = 2;  // chunks of A in flight (shared memory: short latency)
+// Chunks of its weight slice a warp holds in registers for the whole launch
+// (the product's B operand; the rest it reads from shared memory every
+// step): 12 registers a chunk forward (three gates' tiles), 4 backward. Four
+// warps a block read the step's state and, without these, their weights
+// from shared memory, and at S = 128 the product was about twice the time
+// the bytes take at its bandwidth (H100: 16-bit forward 630 cycles a step,
+// backward 1240; float32 1200 and 2300). A multiple of 2 kLocalGroup. In
+// a cluster, 8 forward and 24 backward (96 registers), or where the
+// product has at most half that many chunks (kSmallK, see local_small_k),
+// 4 and 12. One block alone (no cluster) has at most 168 registers a
+// thread: 4 and 12 in 16-bit types, 0 and 12 in float32 (its forward
+// spilled with 4).
+template <typename T, bool kCluster, bool kSmallK>
+constexpr int kLocalForwardRegChunks = kCluster ? (kSmallK ? 4 : 8) : (sizeof(T) == 2 ? 4 : 0);
+template <bool kCluster, bool kSmallK>
+constexpr int kLocalBackwardRegChunks = kCluster && !kSmallK ? 24 : 12;
+// Whether the forward (K = S) or backward (K = 3S) product of state size S
+// fits the kSmallK register chunks.
+template <typename T>
+inline bool local_small_k(int64_t S, bool forward) {
+  const int64_t KC = ((forward ? S : 3 * S) + kChunk<T> - 1) / kChunk<T>;
+  return KC <= (forward ? 4 : 12);
+}
+// Register fragments of RC chunks (an array of one where RC is 0, unused).
+template <int RC, int NT>
+using RegChunks = uint2[RC > 0 ? RC : 1][2][NT];
 // Blocks a cluster: sm_90 allows up to 16 (8 portably).
 constexpr int kLocalMaxCluster = 16;
 
@@ -152,8 +178,15 @@ struct Exchange {
   }
 };
 
+// The rows of the batch a block (cluster) at row r0 holds: the rows whose
+// state its blocks exchange (the buffers' rows past B stay zero).
+__device__ __forceinline__ uint32_t local_rows(int64_t B, int64_t r0) {
+  return static_cast<uint32_t>(B - r0 < kLocalRows ? B - r0 : kLocalRows);
+}
+
 // Block setup of the exchange (thread 0 initializes the mbarriers: one
-// arrival a warp that owns tiles), before the prologue's cluster barrier.
+// arrival a warp that owns tiles), before the prologue's cluster barrier;
+// tile_bytes: what one warp's tile of a step's state brings to each peer.
 __device__ __forceinline__ Exchange make_exchange(const void* buf, const void* bars,
                                                   const TileShare& share, int total_tiles,
                                                   uint32_t tile_bytes) {
@@ -225,6 +258,39 @@ __device__ __forceinline__ void mma_a_chunks(float (&lo)[NT][4], float (&hi)[NT]
   }
 }
 
+// As mma_a_chunks, with the weight fragments of chunks c .. c + G - 1 from
+// registers (wr[chunk][k tile][nt]; c + G <= RC, c known at compile time).
+template <typename T, int NT, int G, int RC>
+__device__ __forceinline__ void mma_reg_chunks(float (&lo)[NT][4], float (&hi)[NT][4],
+                                               const uint32_t (&v)[G][2][4], int c, int KC,
+                                               const RegChunks<RC, NT>& wr) {
+#pragma unroll
+  for (int u = 0; u < G; ++u) {
+    if (c + u >= KC) break;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) mma_tile<T>(lo[nt], v[u][0], wr[c + u][0][nt]);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) mma_tile<T>(hi[nt], v[u][1], wr[c + u][1][nt]);
+  }
+}
+
+// The first RC chunks of this warp's weight slice (`frag`: the warp's own)
+// into registers, zero past KC.
+template <int NT, int RC>
+__device__ __forceinline__ void load_reg_chunks(RegChunks<RC, NT>& wr, const uint2* frag, int KC) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int c = 0; c < RC; ++c) {
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        wr[c][s][nt] = c < KC ? frag[((2 * c + s) * NT + nt) * 32 + lane] : make_uint2(0u, 0u);
+      }
+    }
+  }
+}
+
 // This lane's ldmatrix address in a [16, ld] state buffer at shared
 // address `buf`: lanes 0-7 give rows 0-7 of a k tile's first 16 bytes
 // (the A fragment's a0), 8-15 rows 8-15 (a1), 16-31 the same rows' next
@@ -240,16 +306,26 @@ __device__ __forceinline__ uint32_t a_lane(uint32_t buf, int64_t ld, int lane) {
 // k tiles in P independent chains (P = 2: the two tiles of a chunk; P = 4:
 // and alternate groups of G = kLocalGroup chunks), summed at the end: a
 // warp owns few columns here (one tile backward), and one chain of
-// dependent mma over the whole K would be most of a step.
-template <typename T, int NT, int P>
+// dependent mma over the whole K would be most of a step. The first RC
+// chunks' weights come from registers (wr), the rest from `frag`.
+template <typename T, int NT, int P, int RC>
 __device__ __forceinline__ void local_product(float (&acc)[NT][4], uint32_t a, int KC,
-                                              const uint2* frag) {
+                                              const uint2* frag, const RegChunks<RC, NT>& wr) {
   static_assert(P == 2 || P == 4, "two or four chains");
   constexpr int G = kLocalGroup;
+  static_assert(RC % (2 * G) == 0, "whole turns of the loop in registers");
   float part[P][NT][4] = {};
   uint32_t va[G][2][4], vb[G][2][4];
   load_a_chunks<T, G>(va, a, 0, KC);
-  for (int c = 0; c < KC; c += 2 * G) {
+#pragma unroll
+  for (int c = 0; c < RC; c += 2 * G) {
+    if (c >= KC) break;
+    load_a_chunks<T, G>(vb, a, c + G, KC);
+    mma_reg_chunks<T, NT, G, RC>(part[0], part[1], va, c, KC, wr);
+    load_a_chunks<T, G>(va, a, c + 2 * G, KC);
+    mma_reg_chunks<T, NT, G, RC>(part[P - 2], part[P - 1], vb, c + G, KC, wr);
+  }
+  for (int c = RC; c < KC; c += 2 * G) {
     load_a_chunks<T, G>(vb, a, c + G, KC);
     mma_a_chunks<T, NT, G>(part[0], part[1], va, c, KC, frag);
     load_a_chunks<T, G>(va, a, c + 2 * G, KC);
@@ -326,7 +402,7 @@ struct Places {
 // kPacked as in forward_tc_kernel: a row runs while it is below the step's
 // batch size and writes h_n / c_n at its own last step. The grid is (C,
 // ceil(B / 16)); kCluster: C > 1, its rows' C blocks one cluster (sm_90).
-template <typename T, int Q, bool kPacked, bool kCluster>
+template <typename T, int Q, bool kPacked, bool kCluster, bool kSmallK>
 __global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
     forward_tc_local_kernel(int64_t steps, int64_t B, int64_t S, T* gates, const T* bias,
                             const T* h0, const T* w_hT, const T* c0, T* outs, T* cells, T* h_n,
@@ -355,7 +431,7 @@ __global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
   Exchange x;
   if constexpr (kCluster) {
     x = make_exchange(hbuf, hbuf + 2 * kLocalRows * ld, share, local_tiles(S, Q),
-                      kLocalRows * 8 * Q * sizeof(T));
+                      local_rows(B, r0) * 8 * Q * sizeof(T));
   }
   local_barrier<kCluster>();  // the cluster's buffers are ready before step 0 writes them
 
@@ -364,6 +440,9 @@ __global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
   const bool owner = warp < slices;
   if (kCluster && !owner) return;  // no tiles: no step waits for this warp
   const uint2* my_frag = frag + warp * KT * NT * 32;
+  constexpr int RC = kLocalForwardRegChunks<T, kCluster, kSmallK>;
+  RegChunks<RC, NT> wr;
+  if (owner) load_reg_chunks<NT, RC>(wr, my_frag, KC);
   const Places<Q> at(B, S, r0, ld, first + warp, lane);
   const uint32_t a_of_buf = a_lane<T>(shared_address(hbuf), ld, lane);
   const uint32_t buf_bytes = static_cast<uint32_t>(kLocalRows * ld * sizeof(T));
@@ -429,7 +508,7 @@ __global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
     const int64_t write_at = (t & 1) * kLocalRows * ld;
     if (owner) {
       float acc[NT][4];
-      local_product<T, NT, 2>(acc, a_of_buf + ((t + 1) & 1) * buf_bytes, KC, my_frag);
+      local_product<T, NT, 2, RC>(acc, a_of_buf + ((t + 1) & 1) * buf_bytes, KC, my_frag, wr);
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
 #pragma unroll
@@ -443,13 +522,14 @@ __global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
             for (int e = 0; e < 2; ++e) z[g][e] += rec[g][e] + b_reg[q][g][e];
           }
           const bool live = at.ok[half][q] && !(kPacked && at.row[half] >= n);
-          // Rows past B (and done) push zeros: the peers count every byte.
+          // Rows done (a packed run) push zeros: the peers count the bytes
+          // of every row below B.
           Pair<T> pre[3], hv = {}, cv;
           if (live) forward_pair_from<T>(z, c_reg[half][q], pre, hv, cv);
           // h first to the peers and the block's buffer: the next step
           // waits for it.
           const Pair<T> h_op = operand_pair<T>(hv);
-          if (kCluster && !last) {  // no step reads the last h
+          if (kCluster && !last && at.row[half] < B) {  // no step reads the last h
             const uint32_t off[1] = {
                 static_cast<uint32_t>((write_at + at.buf[half][q]) * sizeof(T))};
             const Pair<T> v[1] = {h_op};
@@ -493,7 +573,7 @@ __global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
 // the bias-gradient sums of the block's rows added to row blockIdx.y of
 // `partial` (summed in registers over the chunk, in a fixed order). The
 // grid and clusters as the forward's.
-template <typename T, int Q, bool kPacked, bool kCluster>
+template <typename T, int Q, bool kPacked, bool kCluster, bool kSmallK>
 __global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
     backward_tc_local_kernel(int64_t T_, int64_t t0, int64_t t1, int64_t K, int64_t B, int64_t S,
                              const T* go, const T* ghn, const T* gcn, T* dG, const T* w_h,
@@ -528,7 +608,7 @@ __global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
   Exchange x;
   if constexpr (kCluster) {
     x = make_exchange(gbuf, gbuf + 2 * kLocalRows * ld, share, local_tiles(S, Q),
-                      3 * kLocalRows * 8 * Q * sizeof(T));
+                      3 * local_rows(B, r0) * 8 * Q * sizeof(T));
   }
   local_barrier<kCluster>();  // the cluster's buffers are ready before the first step writes them
 
@@ -536,6 +616,9 @@ __global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
   const bool owner = warp < slices;
   if (kCluster && !owner) return;  // no tiles: no step waits for this warp
   const uint2* my_frag = frag + warp * KT * NT * 32;
+  constexpr int RC = kLocalBackwardRegChunks<kCluster, kSmallK>;
+  RegChunks<RC, NT> wr;
+  if (owner) load_reg_chunks<NT, RC>(wr, my_frag, KC);
   const Places<Q> at(B, S, r0, ld, first + warp, lane);
   const uint32_t a_of_buf = a_lane<T>(shared_address(gbuf), ld, lane);
   const uint32_t buf_bytes = static_cast<uint32_t>(kLocalRows * ld * sizeof(T));
@@ -614,7 +697,7 @@ __global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
     // Rows with no step after this one (all, at the last): no recurrent
     // gradient (their dG_{t+1} rows are zero: skipping is only faster).
     if (owner && (kPacked ? r0 < n_next : !last)) {
-      local_product<T, NT, 4>(acc, a_of_buf + ((t + 1) & 1) * buf_bytes, KC, my_frag);
+      local_product<T, NT, 4, RC>(acc, a_of_buf + ((t + 1) & 1) * buf_bytes, KC, my_frag, wr);
     }
     if (owner) {
 #pragma unroll
@@ -629,7 +712,8 @@ __global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
           floats_of<T>(in.c[half][q], cf);
 #pragma unroll
           for (int g = 0; g < 3; ++g) floats_of<T>(in.g[half][q][g], gf[g]);
-          // Rows past B push zeros: the peers count every byte.
+          // Rows done (a packed run) push zeros: the peers count the bytes
+          // of every row below B.
           Pair<T> v[3] = {};
           if (at.ok[half][q]) {
             const float rec[2] = {acc[q][2 * half], acc[q][2 * half + 1]};
@@ -652,7 +736,8 @@ __global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
           Pair<T> d_op[3];
 #pragma unroll
           for (int g = 0; g < 3; ++g) d_op[g] = operand_pair<T>(v[g]);
-          if (kCluster && t > t0) {  // the chunk's earliest dG is read from global memory
+          // The chunk's earliest dG is read from global memory.
+          if (kCluster && t > t0 && at.row[half] < B) {
             uint32_t off[3];
 #pragma unroll
             for (int g = 0; g < 3; ++g) off[g] = static_cast<uint32_t>((b + g * S) * sizeof(T));
