@@ -139,13 +139,10 @@ def ms_or_dash(ms: float | None) -> str:
     return "-" if ms is None else f"{ms:.3f}"
 
 
-def pct_or_dash(v: float | None) -> str:
-    return "-" if v is None else f"{v:.1f}%"
-
-
-def percent(row: dict) -> float | None:
-    """A row's recurrent TFLOP/s as a percentage of the dense peak, or None."""
-    return None if row.get("peak_fraction") is None else 100 * row["peak_fraction"]
+def peak_or_dash(row: dict) -> str:
+    """A row's recurrent TFLOP/s as a percentage of the dense peak, or "-"."""
+    fraction = row.get("peak_fraction")
+    return "-" if fraction is None else f"{100 * fraction:.1f}%"
 
 
 def main() -> None:
@@ -217,8 +214,7 @@ def main() -> None:
                     print(
                         f"{T:>5} {B:>4} {S:>5} {dlabel:>9} {mode:>16} {row['ours_ms']:>8.3f} "
                         f"{ms_or_dash(row['cublas_ms']):>8} {row['lstm_ms']:>8.3f} {ratio:>6.2f} {tflops:>7.1f} "
-                        f"{pct_or_dash(percent(row)):>6}"
-                        + (f" {row['global_ms']:>8.3f}" if "global_ms" in row else ""),
+                        f"{peak_or_dash(row):>6}" + (f" {row['global_ms']:>8.3f}" if "global_ms" in row else ""),
                         flush=True,
                     )
                 del args, lstm, hx, grads, fns
@@ -247,7 +243,7 @@ def main() -> None:
             md.append(
                 f"| {r['T']} | {r['B']} | {r['S']} | {r['dtype']} | {r['mode']} | {r['ours_ms']:.3f} | "
                 f"{ms_or_dash(r['cublas_ms'])} | {r['lstm_ms']:.3f} | {r['ratio_vs_lstm']:.2f} | "
-                f"{r['recurrent_tflops']:.1f} | {pct_or_dash(percent(r))} |"
+                f"{r['recurrent_tflops']:.1f} | {peak_or_dash(r)} |"
                 + (f" {r['global_ms']:.3f} |" if "global_ms" in r else "")
             )
         (out / "lltm_sequence_grid.md").write_text("\n".join(md) + "\n")
