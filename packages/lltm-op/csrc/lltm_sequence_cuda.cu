@@ -613,12 +613,14 @@ unsigned int grid_dim(int64_t v, const char* what) {
   return static_cast<unsigned int>(v);
 }
 
-// A block-local kernel's launch (lltm_sequence_tc_local.cuh): 16 rows and
-// every column a cluster of grid.x blocks (one block where grid.x is 1) of
-// `threads` threads, grid (grid.x, ceil(B / 16)), `smem` bytes of shared
-// memory a block.
+// A block-local kernel's launch (lltm_sequence_tc_local.cuh): 16 rows (8
+// where fma) and every column a cluster of grid.x blocks (one block where
+// grid.x is 1) of `threads` threads, grid (grid.x, ceil(B / rows)), `smem`
+// bytes of shared memory a block; fma: full float32's kernels, the product
+// on the FMA units.
 struct LocalLaunch {
   bool ok = false;
+  bool fma = false;
   int threads = 0;
   dim3 grid;
   size_t smem = 0;
@@ -721,6 +723,20 @@ void with_local_variant(bool cluster, int64_t S, bool forward, F&& f) {
   with_bool(cluster, [&](auto kc) {
     if constexpr (decltype(kc)::value) {
       with_bool(tc::local_small_k<T>(S, forward), [&](auto ks) { f(kc, ks); });
+    } else {
+      f(kc, std::false_type{});
+    }
+  });
+}
+
+// f(kCluster, kSmallK) for full float32's block-local kernels
+// (tc::forward_fma_local_kernel): one block, or a cluster whose product
+// holds the weights of S up to 64 (kSmallK) or 128.
+template <typename F>
+void with_fma_variant(bool cluster, int64_t S, F&& f) {
+  with_bool(cluster, [&](auto kc) {
+    if constexpr (decltype(kc)::value) {
+      with_bool(S <= tc::kFmaMaxS<true, true>, [&](auto ks) { f(kc, ks); });
     } else {
       f(kc, std::false_type{});
     }
@@ -889,6 +905,76 @@ LocalLaunch compute_local_launch(const Dims& d, int device, int sms, int optin, 
   return launch;
 }
 
+// Full float32 (no TF32): the block-local kernels with the product on the
+// FMA units (lltm_sequence_tc_local.cuh, kFma), where S is a multiple of 8
+// up to 128: 8 batch rows a cluster of C blocks of at most 4 warps, one
+// block up to S = 32, C = 2 to S = 64 and 4 to 128 (sm_90), each warp's
+// weights in registers (96 a thread at S = 128), and the ceil(B / 8)
+// clusters one wave of one block a multiprocessor (B <= 264 at S = 128 on
+// an H100); LLTM_OP_SEQUENCE_LOCAL_CLUSTER=C asks for C blocks. There is no
+// global-barrier kernel of this kind: where these do not apply, path 2's
+// resident-weight kernels run. Measured against those (H100, T1024, us a
+// step, forward / forward+backward): S = 128 at B 8 / 64 / 256 2.2 / 2.4
+// / 3.4 against 2.7 / 3.4 / 5.9 and 4.9 / 5.7 / 8.5 against 5.5 / 7.0 /
+// 12.1; S = 64 B16 1.4 / 2.9 against 2.6 / 5.2. The product is most of
+// the step: an FMA per row, k and column (768 a thread at S = 128, about
+// 2.7 clocks each with one warp an SMSP; without it the step took 1.0 us
+// at B8).
+LocalLaunch compute_fma_local_launch(const Dims& d, int device, int sms, int optin, bool forward) {
+  LocalLaunch launch;
+  constexpr int Q = tc::kLocalQ;
+  constexpr int64_t rows = tc::kLocalRowsOf<true>;
+  const int64_t gy = (d.B + rows - 1) / rows;
+  if (gy > 65535 || d.B * 3 * d.S >= (int64_t(1) << 31)) return launch;
+  const int max_c = opscommon::compute_capability_major(device) >= 9 ? tc::kLocalMaxCluster : 1;
+  const int64_t want = env_int("LLTM_OP_SEQUENCE_LOCAL_CLUSTER", 0);
+  int C = d.S <= tc::kFmaMaxS<false, false> ? 1 : d.S <= tc::kFmaMaxS<true, true> ? 2 : 4;
+  if (want > 0) C = static_cast<int>(want);
+  const int warps = tc::local_block_tiles(d.S, Q, C);
+  if (C > max_c || (C & (C - 1)) != 0 || warps > kLocalClusterWarps ||
+      d.S > (C == 1 ? tc::kFmaMaxS<false, false> : tc::kFmaMaxS<true, false>)) {
+    return launch;
+  }
+  const size_t smem = tc::local_fma_smem(d.S, C, forward);
+  if (smem > static_cast<size_t>(optin)) return launch;
+  const int n = 32 * warps;
+  int clusters = 0;
+  with_fma_variant(C > 1, d.S, [&](auto kc, auto ks) {
+    constexpr bool kCluster = decltype(kc)::value, kSmallK = decltype(ks)::value;
+    auto resident = [&](auto whole, auto packed) {
+      return std::min(resident_clusters(whole, C, n, smem, optin, sms),
+                      resident_clusters(packed, C, n, smem, optin, sms));
+    };
+    clusters = forward ? resident(tc::forward_fma_local_kernel<false, kCluster, kSmallK>,
+                                  tc::forward_fma_local_kernel<true, kCluster, kSmallK>)
+                       : resident(tc::backward_fma_local_kernel<false, kCluster, kSmallK>,
+                                  tc::backward_fma_local_kernel<true, kCluster, kSmallK>);
+  });
+  // One block a multiprocessor: a second one shares its FMA units, and
+  // the product is most of the step.
+  if (gy > clusters || gy * C > sms) return launch;
+  launch.ok = true;
+  launch.fma = true;
+  launch.threads = n;
+  launch.grid = dim3(static_cast<unsigned int>(C), static_cast<unsigned int>(gy));
+  launch.smem = smem;
+  return launch;
+}
+
+TcPlan compute_fma_plan(const Dims& d, int device, bool local) {
+  TcPlan plan;
+  if (!local || d.S % 8 != 0 || d.S == 0 || d.B == 0 || d.S > tc::kFmaMaxS<true, false> ||
+      d.B > (int64_t(1) << 24)) {
+    return plan;
+  }
+  const int sms = opscommon::multiprocessor_count(device);
+  const int optin = opscommon::device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(device);
+  plan.local_forward = compute_fma_local_launch(d, device, sms, optin, true);
+  plan.local_backward = compute_fma_local_launch(d, device, sms, optin, false);
+  plan.ok = plan.local_forward.ok && plan.local_backward.ok;
+  return plan;
+}
+
 template <typename T>
 TcPlan compute_tc_plan(const Dims& d, int device, bool local) {
   TcPlan best;
@@ -968,7 +1054,9 @@ Plan remembered(const Key& key, Compute compute) {
 TcPlan tc_plan(const Tensor& like, const Dims& d) {
   using ST = torch::headeronly::ScalarType;
   const ST st = like.scalar_type();
-  if (st != ST::Half && st != ST::BFloat16 && !(st == ST::Float && d.tf32)) return {};
+  if (st != ST::Half && st != ST::BFloat16 && st != ST::Float) return {};
+  // float32 without TF32: the block-local kernels' FMA variant only.
+  const bool fma = st == ST::Float && !d.tf32;
   if (env_int("LLTM_OP_SEQUENCE_TENSOR_CORES", 1) == 0 ||
       env_int("LLTM_OP_SEQUENCE_FUSED", -1) == 0 ||
       env_int("LLTM_OP_SEQUENCE_PERSISTENT", 1) == 0) {
@@ -985,13 +1073,15 @@ TcPlan tc_plan(const Tensor& like, const Dims& d) {
     int64_t B, S;
     bool local;
     int64_t cluster;
+    bool fma;
     bool operator==(const Key& o) const {
       return device == o.device && st == o.st && B == o.B && S == o.S && local == o.local &&
-             cluster == o.cluster;
+             cluster == o.cluster && fma == o.fma;
     }
   };
-  return remembered<TcPlan>(Key{device, st, d.B, d.S, local, cluster}, [&] {
-    return st == ST::Half       ? compute_tc_plan<opscommon::Half>(d, device, local)
+  return remembered<TcPlan>(Key{device, st, d.B, d.S, local, cluster, fma}, [&] {
+    return fma                  ? compute_fma_plan(d, device, local)
+           : st == ST::Half     ? compute_tc_plan<opscommon::Half>(d, device, local)
            : st == ST::BFloat16 ? compute_tc_plan<opscommon::BFloat16>(d, device, local)
                                 : compute_tc_plan<float>(d, device, local);
   });
@@ -1242,16 +1332,29 @@ struct CudaDev {
       using T = decltype(tag);
       if constexpr (!std::is_same_v<T, double>) {
         constexpr int Q = tc::kLocalQ;
-        with_local_variant<T>(p.local_forward.grid.x > 1, a.S, true, [&](auto kc, auto ks) {
-          constexpr bool kCluster = decltype(kc)::value, kSmallK = decltype(ks)::value;
-          auto kernel = a.batch_sizes != nullptr
-                            ? tc::forward_tc_local_kernel<T, Q, true, kCluster, kSmallK>
-                            : tc::forward_tc_local_kernel<T, Q, false, kCluster, kSmallK>;
-          launch_local(kernel, p.local_forward, s, a.T, a.B, a.S, static_cast<T*>(f.gates),
+        const LocalLaunch& l = p.local_forward;
+        auto run = [&](auto kernel) {
+          launch_local(kernel, l, s, a.T, a.B, a.S, static_cast<T*>(f.gates),
                        static_cast<const T*>(f.bias), static_cast<const T*>(f.h_prev),
                        static_cast<const T*>(f.w_hT), static_cast<const T*>(f.c_prev),
                        static_cast<T*>(f.h), static_cast<T*>(f.c), static_cast<T*>(a.h_n),
                        static_cast<T*>(a.c_n), s.sizes());
+        };
+        const bool packed = a.batch_sizes != nullptr;
+        if constexpr (std::is_same_v<T, float>) {
+          if (l.fma) {
+            with_fma_variant(l.grid.x > 1, a.S, [&](auto kc, auto ks) {
+              constexpr bool kCluster = decltype(kc)::value, kSmallK = decltype(ks)::value;
+              run(packed ? tc::forward_fma_local_kernel<true, kCluster, kSmallK>
+                         : tc::forward_fma_local_kernel<false, kCluster, kSmallK>);
+            });
+            return;
+          }
+        }
+        with_local_variant<T>(l.grid.x > 1, a.S, true, [&](auto kc, auto ks) {
+          constexpr bool kCluster = decltype(kc)::value, kSmallK = decltype(ks)::value;
+          run(packed ? tc::forward_tc_local_kernel<T, Q, true, kCluster, kSmallK>
+                     : tc::forward_tc_local_kernel<T, Q, false, kCluster, kSmallK>);
         });
       }
     });
@@ -1264,17 +1367,30 @@ struct CudaDev {
       using T = decltype(tag);
       if constexpr (!std::is_same_v<T, double>) {
         constexpr int Q = tc::kLocalQ;
-        with_local_variant<T>(p.local_backward.grid.x > 1, a.S, false, [&](auto kc, auto ks) {
-          constexpr bool kCluster = decltype(kc)::value, kSmallK = decltype(ks)::value;
-          auto kernel = a.batch_sizes != nullptr
-                            ? tc::backward_tc_local_kernel<T, Q, true, kCluster, kSmallK>
-                            : tc::backward_tc_local_kernel<T, Q, false, kCluster, kSmallK>;
-          launch_local(kernel, p.local_backward, s, a.T, a.t0, a.t1, a.K, a.B, a.S,
+        const LocalLaunch& l = p.local_backward;
+        auto run = [&](auto kernel) {
+          launch_local(kernel, l, s, a.T, a.t0, a.t1, a.K, a.B, a.S,
                        static_cast<const T*>(a.grad_outputs), static_cast<const T*>(a.grad_h_n),
                        static_cast<const T*>(a.grad_c_n), static_cast<T*>(a.dG),
                        static_cast<const T*>(a.w_h), a.w_ld, static_cast<T*>(a.dc),
                        static_cast<const T*>(a.gates), static_cast<const T*>(a.cells),
                        static_cast<const T*>(a.c0), static_cast<float*>(a.bias_partial), s.sizes());
+        };
+        const bool packed = a.batch_sizes != nullptr;
+        if constexpr (std::is_same_v<T, float>) {
+          if (l.fma) {
+            with_fma_variant(l.grid.x > 1, a.S, [&](auto kc, auto ks) {
+              constexpr bool kCluster = decltype(kc)::value, kSmallK = decltype(ks)::value;
+              run(packed ? tc::backward_fma_local_kernel<true, kCluster, kSmallK>
+                         : tc::backward_fma_local_kernel<false, kCluster, kSmallK>);
+            });
+            return;
+          }
+        }
+        with_local_variant<T>(l.grid.x > 1, a.S, false, [&](auto kc, auto ks) {
+          constexpr bool kCluster = decltype(kc)::value, kSmallK = decltype(ks)::value;
+          run(packed ? tc::backward_tc_local_kernel<T, Q, true, kCluster, kSmallK>
+                     : tc::backward_tc_local_kernel<T, Q, false, kCluster, kSmallK>);
         });
       }
     });

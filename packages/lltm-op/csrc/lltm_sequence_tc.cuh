@@ -668,8 +668,9 @@ __device__ __forceinline__ void floats_of(Pair<T> v, float (&f)[2]) {
 // gates' pre-activations z[g] = p[g] + rec[g] + bias[g] in float32: rounded
 // to T, packed into pre[g] (what the backward recomputes from); the cell
 // from the rounded values and c (updated as stored); h and c packed into
-// hv, cv.
-template <typename T>
+// hv, cv. M: the cell's math (full float32's block-local kernels: the
+// accurate one).
+template <typename T, typename M = TcMath>
 __device__ __forceinline__ void forward_pair_from(const float (&z)[3][2], float (&c)[2],
                                                   Pair<T> (&pre)[3], Pair<T>& hv, Pair<T>& cv) {
   float x[3][2];
@@ -678,7 +679,7 @@ __device__ __forceinline__ void forward_pair_from(const float (&z)[3][2], float 
   float nh[2], nc[2];
 #pragma unroll
   for (int e = 0; e < 2; ++e) {
-    cell_forward_math<float, TcMath>(x[0][e], x[1][e], x[2][e], c[e], nh[e], nc[e]);
+    cell_forward_math<float, M>(x[0][e], x[1][e], x[2][e], c[e], nh[e], nc[e]);
   }
   hv = pack_rounded<T>(nh[0], nh[1], nh[0], nh[1]);
   cv = pack_rounded<T>(nc[0], nc[1], c[0], c[1]);
@@ -701,8 +702,8 @@ __device__ __forceinline__ void forward_pair(const Pair<T> (&p)[3], const float 
 // at ghn where not null), d[g] the pre-activation gradients of the three
 // gates (g[g] their pre-activations, c the previous cell state), dc
 // updated (rounded as stored). A row that does not run (!live) gets zero
-// d, its dc held.
-template <typename T>
+// d, its dc held. M as forward_pair_from's.
+template <typename T, typename M = TcMath>
 __device__ __forceinline__ void backward_pair_from(bool live, const float (&rec)[2],
                                                    const float (&go)[2], const T* ghn,
                                                    const float (&g)[3][2], const float (&c)[2],
@@ -714,8 +715,8 @@ __device__ __forceinline__ void backward_pair_from(bool live, const float (&rec)
     float grad_h = rec[e] + go[e];
     if (ghn != nullptr) grad_h += to_acc(ghn[e]);
     float d_c;
-    cell_backward_math<float, TcMath>(grad_h, dc[e], g[0][e], g[1][e], g[2][e], c[e], d[0][e],
-                                      d[1][e], d[2][e], d_c);
+    cell_backward_math<float, M>(grad_h, dc[e], g[0][e], g[1][e], g[2][e], c[e], d[0][e], d[1][e],
+                                 d[2][e], d_c);
     dc[e] = to_acc(to_storage<T>(d_c));
   }
 }

@@ -38,6 +38,15 @@
 namespace tc {
 
 constexpr int64_t kLocalRows = 16;  // batch rows a block (cluster)
+// Full float32 (kFma: the product on the FMA units, see fma_product) takes
+// 8 rows a block, the accumulator's first row half: its product costs an
+// FMA per row, where the tensor cores' m16 tile costs the same for 8 rows
+// as for 16, so 8 rows a cluster spread the batch over twice the
+// multiprocessors.
+template <bool kFma>
+constexpr int64_t kLocalRowsOf = kFma ? 8 : kLocalRows;
+template <bool kFma>
+constexpr int kLocalHalves = kFma ? 1 : 2;
 // At most 12 warps (column tiles) a block, what the rule
 // (compute_local_launch) gives one block: the launch bound, 168 registers
 // a thread (16 warps would leave 128, where the float32 backward spills).
@@ -79,14 +88,18 @@ using RegChunks = uint2[RC > 0 ? RC : 1][2][NT];
 // Blocks a cluster: sm_90 allows up to 16 (8 portably).
 constexpr int kLocalMaxCluster = 16;
 
+// k of one turn of the FMA product (fma_product): 8 lane groups of 4.
+constexpr int kFmaK = 32;
+
 // Row stride (elements) of a [16, K] state buffer in shared memory: K
-// rounded up to whole chunks (the product reads whole chunks; the padding
-// stays zero), then to 16 bytes past a multiple of 128 so that the eight
-// rows of an ldmatrix (16 bytes each) fall in different banks.
-template <typename T>
+// rounded up to whole chunks (kFma: whole turns; the product reads whole
+// ones, and the padding stays zero), then to 16 bytes past a multiple of
+// 128 so that the eight rows of an ldmatrix (16 bytes each) fall in
+// different banks.
+template <typename T, bool kFma = false>
 __host__ __device__ inline int64_t local_ld(int64_t K) {
-  const int64_t bytes =
-      (K + kChunk<T> - 1) / kChunk<T> * kChunk<T> * static_cast<int64_t>(sizeof(T));
+  constexpr int64_t unit = kFma ? kFmaK : kChunk<T>;
+  const int64_t bytes = (K + unit - 1) / unit * unit * static_cast<int64_t>(sizeof(T));
   const int64_t padded = bytes + (16 - bytes % 128 + 128) % 128;
   return padded / static_cast<int64_t>(sizeof(T));
 }
@@ -178,10 +191,11 @@ struct Exchange {
   }
 };
 
-// The rows of the batch a block (cluster) at row r0 holds: the rows whose
-// state its blocks exchange (the buffers' rows past B stay zero).
-__device__ __forceinline__ uint32_t local_rows(int64_t B, int64_t r0) {
-  return static_cast<uint32_t>(B - r0 < kLocalRows ? B - r0 : kLocalRows);
+// The rows of the batch a block (cluster) of `rows` rows at row r0 holds:
+// the rows whose state its blocks exchange (the buffers' rows past B stay
+// zero).
+__device__ __forceinline__ uint32_t local_rows(int64_t B, int64_t r0, int64_t rows = kLocalRows) {
+  return static_cast<uint32_t>(B - r0 < rows ? B - r0 : rows);
 }
 
 // Block setup of the exchange (thread 0 initializes the mbarriers: one
@@ -207,18 +221,18 @@ __device__ __forceinline__ Exchange make_exchange(const void* buf, const void* b
 // it: float32 rounded to TF32 by the thread that writes an element, once,
 // instead of by every warp that reads it (each reads all of it; without
 // the conversion the float32 forward's step loop is 18-21% fewer SASS
-// instructions on sm_90).
-template <typename T>
+// instructions on sm_90). kFma: as it is.
+template <typename T, bool kFma = false>
 __device__ __forceinline__ T operand_of(T v) {
-  if constexpr (sizeof(T) == 4) {
+  if constexpr (sizeof(T) == 4 && !kFma) {
     return __uint_as_float(to_tf32(__float_as_uint(v)));
   } else {
     return v;
   }
 }
-template <typename T>
+template <typename T, bool kFma = false>
 __device__ __forceinline__ Pair<T> operand_pair(Pair<T> v) {
-  if constexpr (sizeof(T) == 4) {
+  if constexpr (sizeof(T) == 4 && !kFma) {
     return make_float2(operand_of(v.x), operand_of(v.y));
   } else {
     return v;
@@ -342,17 +356,17 @@ __device__ __forceinline__ void local_product(float (&acc)[NT][4], uint32_t a, i
   }
 }
 
-// Rows r0 .. r0 + 15 (those below B) of a [B, width] matrix `src`, its
-// first K columns, into a state buffer `dst` of row stride ld, as the
-// product's operand (see operand_of).
-template <typename T>
+// Rows r0 .. r0 + kLocalRowsOf<kFma> - 1 (those below B) of a [B, width]
+// matrix `src`, its first K columns, into a state buffer `dst` of row
+// stride ld, as the product's operand (see operand_of).
+template <typename T, bool kFma = false>
 __device__ __forceinline__ void copy_rows(T* dst, int64_t ld, const T* src, int64_t width,
                                           int64_t B, int64_t r0, int64_t K) {
   const int k_n = static_cast<int>(K);
-  const int rows = static_cast<int>(B - r0 < kLocalRows ? B - r0 : kLocalRows);
+  const int rows = static_cast<int>(local_rows(B, r0, kLocalRowsOf<kFma>));
   const T* from = src + r0 * width;
   batched_copy(
-      rows * k_n, [&](int e) { return operand_of(from[(e / k_n) * width + e % k_n]); },
+      rows * k_n, [&](int e) { return operand_of<T, kFma>(from[(e / k_n) * width + e % k_n]); },
       [&](int e, T v) { dst[(e / k_n) * ld + e % k_n] = v; });
 }
 
@@ -360,6 +374,117 @@ __device__ __forceinline__ void copy_rows(T* dst, int64_t ld, const T* src, int6
 template <typename T>
 __device__ __forceinline__ void zero_shared(T* p, int64_t count) {
   for (int64_t e = threadIdx.x; e < count; e += blockDim.x) p[e] = to_storage<T>(0.f);
+}
+
+// -- full float32: the product on the FMA units (kFma) ----------------------------------------
+//
+// Without TF32 (torch's float32 matmul precision "highest") the block-local
+// kernels multiply in float32 on the FMA units, each warp's weights in
+// registers for the whole launch (none in shared memory). The 8 lanes that
+// hold the same columns in the accumulator layout (lane % 4) split k: lane
+// group g = lane / 4 takes k = 32 m + 4 g + e (e < 4), so that the 16-byte
+// state loads of the 8 groups fall in 32 different banks. Each lane sums
+// its k for all of the block's rows, and three rounds of shuffles leave it
+// its own row's (lane / 4) sums: the tensor cores' accumulator layout,
+// whose cell code runs unchanged.
+//
+// KM turns of k: forward (K = S) 1, 2 or 4 for S up to 32 (one block), 64
+// (a cluster, kSmallK) or 128 (a cluster); backward (K = 3S) three times
+// that. NT column tiles a warp: forward three (the gates), backward one.
+template <bool kCluster, bool kSmallK>
+constexpr int kFmaTurns = kCluster ? (kSmallK ? 2 : 4) : 1;
+// The largest state size of a variant.
+template <bool kCluster, bool kSmallK>
+constexpr int64_t kFmaMaxS = int64_t(kFmaK) * kFmaTurns<kCluster, kSmallK>;
+// The forward's turns of C blocks a cluster at state size S (the variant
+// with_fma_variant picks).
+inline int fma_turns(int C, int64_t S) {
+  return C == 1 ? kFmaTurns<false, false>
+                : (S <= kFmaMaxS<true, true> ? kFmaTurns<true, true> : kFmaTurns<true, false>);
+}
+// The state buffers' rows hold every turn the product reads (the padding
+// zero): no branch on K or on the rows in the product, whose loads and
+// FMAs then run as one straight block (with a branch between rows, each
+// row's load waited its whole latency: H100, S = 128, B8, 2.5 us a
+// forward step against 1.1 on TF32).
+inline size_t local_fma_smem(int64_t S, int C, bool forward) {
+  const int64_t row = (forward ? 1 : 3) * int64_t(kFmaK) * fma_turns(C, S);
+  return 2 * kLocalRowsOf<true> * local_ld<float, true>(row) * sizeof(float) + kLocalBarrierBytes;
+}
+
+template <int KM, int NT>
+using FmaWeights = float[KM > 0 ? KM : 1][4][NT][2];
+
+// This lane's weights: w[m][e][nt][c] = at(k, nt, c) for k = 32 m + 4 g + e
+// below K, zero past it.
+template <int KM, int NT, typename At>
+__device__ __forceinline__ void load_fma_weights(FmaWeights<KM, NT>& w, int64_t K, At at) {
+  const int g = (threadIdx.x & 31) >> 2;
+#pragma unroll
+  for (int m = 0; m < KM; ++m) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int64_t k = int64_t(kFmaK) * m + 4 * g + e;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) w[m][e][nt][c] = k < K ? at(k, nt, c) : 0.f;
+      }
+    }
+  }
+}
+
+// acc = the 8 rows of the state buffer `buf` (row stride ld, KM whole
+// turns; rows past B and k past K zero) times this warp's weights, as the
+// tensor cores' accumulator: elements 0 and 1 this lane's row lane / 4,
+// columns 2 (lane % 4) + {0, 1} of tile nt; 2 and 3 (the second row half)
+// zero.
+template <int KM, int NT>
+__device__ __forceinline__ void fma_product(float (&acc)[NT][4], const float* buf, int64_t ld,
+                                            const FmaWeights<KM, NT>& w) {
+  const int lane = threadIdx.x & 31;
+  const float* a = buf + 4 * (lane >> 2);
+  float part[8][NT][2] = {};
+#pragma unroll
+  for (int m = 0; m < KM; ++m) {
+#pragma unroll
+    for (int r = 0; r < 8; ++r) {
+      const float4 v = *reinterpret_cast<const float4*>(a + r * ld + kFmaK * m);
+      const float x[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+          for (int c = 0; c < 2; ++c) part[r][nt][c] = fmaf(x[e], w[m][e][nt][c], part[r][nt][c]);
+        }
+      }
+    }
+  }
+  // The sums over the 8 lane groups, half the rows a round: after the
+  // round over lane bit 16, 8, 4 a lane keeps the rows whose bit 4, 2, 1 is
+  // that lane bit, so the last leaves it row lane / 4.
+  const bool b4 = lane & 16, b3 = lane & 8, b2 = lane & 4;
+  float p4[4][NT][2], p2[2][NT][2];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float lo = part[i][nt][c], hi = part[i + 4][nt][c];
+        p4[i][nt][c] = (b4 ? hi : lo) + __shfl_xor_sync(0xffffffffu, b4 ? lo : hi, 16);
+      }
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const float lo = p4[i][nt][c], hi = p4[i + 2][nt][c];
+        p2[i][nt][c] = (b3 ? hi : lo) + __shfl_xor_sync(0xffffffffu, b3 ? lo : hi, 8);
+      }
+      const float lo = p2[0][nt][c], hi = p2[1][nt][c];
+      acc[nt][c] = (b2 ? hi : lo) + __shfl_xor_sync(0xffffffffu, b2 ? lo : hi, 4);
+      acc[nt][2 + c] = 0.f;
+    }
+  }
 }
 
 // -- per-thread places ----------------------------------------------------------------------
@@ -401,37 +526,47 @@ struct Places {
 //
 // kPacked as in forward_tc_kernel: a row runs while it is below the step's
 // batch size and writes h_n / c_n at its own last step. The grid is (C,
-// ceil(B / 16)); kCluster: C > 1, its rows' C blocks one cluster (sm_90).
-template <typename T, int Q, bool kPacked, bool kCluster, bool kSmallK>
-__global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
-    forward_tc_local_kernel(int64_t steps, int64_t B, int64_t S, T* gates, const T* bias,
-                            const T* h0, const T* w_hT, const T* c0, T* outs, T* cells, T* h_n,
-                            T* c_n, const int64_t* bs) {
+// ceil(B / rows)); kCluster: C > 1, its rows' C blocks one cluster
+// (sm_90). The kernels (forward_tc_local_kernel, forward_fma_local_kernel)
+// are this function with their products.
+template <typename T, int Q, bool kPacked, bool kCluster, bool kSmallK, bool kFma>
+__device__ __forceinline__ void forward_local(int64_t steps, int64_t B, int64_t S, T* gates,
+                                              const T* bias, const T* h0, const T* w_hT,
+                                              const T* c0, T* outs, T* cells, T* h_n, T* c_n,
+                                              const int64_t* bs) {
   constexpr int NT = 3 * Q;
+  constexpr int64_t kRows = kLocalRowsOf<kFma>;
+  constexpr int kHalves = kLocalHalves<kFma>;
+  using Math = std::conditional_t<kFma, AccurateMath, TcMath>;
   extern __shared__ __align__(16) unsigned char smem[];
   const int KC = static_cast<int>((S + kChunk<T> - 1) / kChunk<T>), KT = 2 * KC;
-  const int64_t ld = local_ld<T>(S);
+  // kFma: this lane's weights, KM turns of k.
+  constexpr int KM = kFma ? kFmaTurns<kCluster, kSmallK> : 0;
+  const int64_t ld = kFma ? local_ld<T, true>(KM * kFmaK) : local_ld<T>(S);
   const TileShare share(S, Q);
   const int first = share.first, slices = share.slices;
   uint2* frag = reinterpret_cast<uint2*>(smem);
   // h of the rows, two buffers: step t reads (t + 1) % 2 (h_{t-1}) and
   // writes t % 2.
-  T* hbuf = reinterpret_cast<T*>(smem + share.per_block * weight_bytes(KT, NT));
-  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kLocalRows;
+  T* hbuf = reinterpret_cast<T*>(smem + (kFma ? 0 : share.per_block * weight_bytes(KT, NT)));
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kRows;
+  const int rows = static_cast<int>(local_rows(B, r0, kRows));
   // Slice w, tile nt = g * Q + q: gate g, columns 8 (Q (first + w) + q) .. + 7.
-  load_weight_slices<T, true>(frag, slices, KT, NT,
-                              [&](int w, int64_t k, int nt, int n) -> uint32_t {
-                                const int64_t j = 8 * (Q * (first + w) + nt % Q) + n;
-                                if (k >= S || j >= S) return 0;
-                                return bits_of(w_hT[k * 3 * S + (nt / Q) * S + j]);
-                              });
-  zero_shared(hbuf, 2 * kLocalRows * ld);
+  if constexpr (!kFma) {
+    load_weight_slices<T, true>(frag, slices, KT, NT,
+                                [&](int w, int64_t k, int nt, int n) -> uint32_t {
+                                  const int64_t j = 8 * (Q * (first + w) + nt % Q) + n;
+                                  if (k >= S || j >= S) return 0;
+                                  return bits_of(w_hT[k * 3 * S + (nt / Q) * S + j]);
+                                });
+  }
+  zero_shared(hbuf, 2 * kRows * ld);
   __syncthreads();
-  copy_rows(hbuf + kLocalRows * ld, ld, h0, S, B, r0, S);
+  copy_rows<T, kFma>(hbuf + kRows * ld, ld, h0, S, B, r0, S);
   Exchange x;
   if constexpr (kCluster) {
-    x = make_exchange(hbuf, hbuf + 2 * kLocalRows * ld, share, local_tiles(S, Q),
-                      local_rows(B, r0) * 8 * Q * sizeof(T));
+    x = make_exchange(hbuf, hbuf + 2 * kRows * ld, share, local_tiles(S, Q),
+                      rows * 8 * Q * sizeof(T));
   }
   local_barrier<kCluster>();  // the cluster's buffers are ready before step 0 writes them
 
@@ -440,12 +575,20 @@ __global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
   const bool owner = warp < slices;
   if (kCluster && !owner) return;  // no tiles: no step waits for this warp
   const uint2* my_frag = frag + warp * KT * NT * 32;
-  constexpr int RC = kLocalForwardRegChunks<T, kCluster, kSmallK>;
+  constexpr int RC = kFma ? 0 : kLocalForwardRegChunks<T, kCluster, kSmallK>;
   RegChunks<RC, NT> wr;
-  if (owner) load_reg_chunks<NT, RC>(wr, my_frag, KC);
+  if (owner && !kFma) load_reg_chunks<NT, RC>(wr, my_frag, KC);
   const Places<Q> at(B, S, r0, ld, first + warp, lane);
+  // kFma: gate g's columns as tile g * Q + q.
+  FmaWeights<KM, NT> wf;
+  if (kFma && owner) {
+    load_fma_weights<KM, NT>(wf, S, [&](int64_t k, int nt, int c) {
+      const int64_t j = at.col + 8 * (nt % Q) + c;
+      return j < S ? to_acc(w_hT[k * 3 * S + (nt / Q) * S + j]) : 0.f;
+    });
+  }
   const uint32_t a_of_buf = a_lane<T>(shared_address(hbuf), ld, lane);
-  const uint32_t buf_bytes = static_cast<uint32_t>(kLocalRows * ld * sizeof(T));
+  const uint32_t buf_bytes = static_cast<uint32_t>(kRows * ld * sizeof(T));
 
   float c_reg[2][Q][2] = {}, b_reg[Q][3][2] = {};
   // P of (half, q, gate), two columns a register, in two sets: the step
@@ -463,7 +606,7 @@ __global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
   auto prefetch_p = [&](Pair<T>(&p)[2][Q][3], int64_t t, const T* g_t) {
     const T* src = t < steps ? g_t : gates;
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
+    for (int half = 0; half < kHalves; ++half) {
 #pragma unroll
       for (int q = 0; q < Q; ++q) {
 #pragma unroll
@@ -473,7 +616,7 @@ __global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
   };
   if (owner) {
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
+    for (int half = 0; half < kHalves; ++half) {
 #pragma unroll
       for (int q = 0; q < Q; ++q) {
         if (at.ok[half][q]) load_floats(c0 + at.state[half][q], c_reg[half][q]);
@@ -505,12 +648,16 @@ __global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
     // by a block that is done, too: nothing may write to it once it exits.
     if (kCluster && t > 0) x.wait((t - 1) & 1, (t - 1) >> 1);
     if (kPacked && r0 >= n) return false;  // sizes do not increase: this block is done
-    const int64_t write_at = (t & 1) * kLocalRows * ld;
+    const int64_t write_at = (t & 1) * kRows * ld;
     if (owner) {
       float acc[NT][4];
-      local_product<T, NT, 2, RC>(acc, a_of_buf + ((t + 1) & 1) * buf_bytes, KC, my_frag, wr);
+      if constexpr (kFma) {
+        fma_product<KM, NT>(acc, hbuf + ((t + 1) & 1) * kRows * ld, ld, wf);
+      } else {
+        local_product<T, NT, 2, RC>(acc, a_of_buf + ((t + 1) & 1) * buf_bytes, KC, my_frag, wr);
+      }
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
+      for (int half = 0; half < kHalves; ++half) {
 #pragma unroll
         for (int q = 0; q < Q; ++q) {
           float rec[3][2], z[3][2];
@@ -525,10 +672,10 @@ __global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
           // Rows done (a packed run) push zeros: the peers count the bytes
           // of every row below B.
           Pair<T> pre[3], hv = {}, cv;
-          if (live) forward_pair_from<T>(z, c_reg[half][q], pre, hv, cv);
+          if (live) forward_pair_from<T, Math>(z, c_reg[half][q], pre, hv, cv);
           // h first to the peers and the block's buffer: the next step
           // waits for it.
-          const Pair<T> h_op = operand_pair<T>(hv);
+          const Pair<T> h_op = operand_pair<T, kFma>(hv);
           if (kCluster && !last && at.row[half] < B) {  // no step reads the last h
             const uint32_t off[1] = {
                 static_cast<uint32_t>((write_at + at.buf[half][q]) * sizeof(T))};
@@ -564,6 +711,24 @@ __global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
   }
 }
 
+template <typename T, int Q, bool kPacked, bool kCluster, bool kSmallK>
+__global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
+    forward_tc_local_kernel(int64_t steps, int64_t B, int64_t S, T* gates, const T* bias,
+                            const T* h0, const T* w_hT, const T* c0, T* outs, T* cells, T* h_n,
+                            T* c_n, const int64_t* bs) {
+  forward_local<T, Q, kPacked, kCluster, kSmallK, false>(steps, B, S, gates, bias, h0, w_hT, c0,
+                                                         outs, cells, h_n, c_n, bs);
+}
+// Full float32 (no TF32): the product on the FMA units.
+template <bool kPacked, bool kCluster, bool kSmallK>
+__global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
+    forward_fma_local_kernel(int64_t steps, int64_t B, int64_t S, float* gates, const float* bias,
+                             const float* h0, const float* w_hT, const float* c0, float* outs,
+                             float* cells, float* h_n, float* c_n, const int64_t* bs) {
+  forward_local<float, kLocalQ, kPacked, kCluster, kSmallK, true>(
+      steps, B, S, gates, bias, h0, w_hT, c0, outs, cells, h_n, c_n, bs);
+}
+
 // -- backward -------------------------------------------------------------------------------
 //
 // Steps t1 - 1 down to t0 of a backward chunk, with backward_tc_kernel's
@@ -572,43 +737,51 @@ __global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
 // reading slot K (the later chunk's last dG), dc of step t0 - 1 at the end,
 // the bias-gradient sums of the block's rows added to row blockIdx.y of
 // `partial` (summed in registers over the chunk, in a fixed order). The
-// grid and clusters as the forward's.
-template <typename T, int Q, bool kPacked, bool kCluster, bool kSmallK>
-__global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
-    backward_tc_local_kernel(int64_t T_, int64_t t0, int64_t t1, int64_t K, int64_t B, int64_t S,
-                             const T* go, const T* ghn, const T* gcn, T* dG, const T* w_h,
-                             int64_t ld_w, T* dc, const T* gates, const T* cells, const T* c0,
-                             float* partial, const int64_t* bs) {
+// grid and clusters as the forward's; the kernels as forward_local's.
+template <typename T, int Q, bool kPacked, bool kCluster, bool kSmallK, bool kFma>
+__device__ __forceinline__ void backward_local(int64_t T_, int64_t t0, int64_t t1, int64_t K,
+                                               int64_t B, int64_t S, const T* go, const T* ghn,
+                                               const T* gcn, T* dG, const T* w_h, int64_t ld_w,
+                                               T* dc, const T* gates, const T* cells, const T* c0,
+                                               float* partial, const int64_t* bs) {
   constexpr int NT = Q;
+  constexpr int64_t kRows = kLocalRowsOf<kFma>;
+  constexpr int kHalves = kLocalHalves<kFma>;
+  using Math = std::conditional_t<kFma, AccurateMath, TcMath>;
   extern __shared__ __align__(16) unsigned char smem[];
   const int64_t S3 = 3 * S;
   const int KC = static_cast<int>((S3 + kChunk<T> - 1) / kChunk<T>), KT = 2 * KC;
-  const int64_t ld = local_ld<T>(S3);
+  // kFma: this lane's weights, KM turns of k.
+  constexpr int KM = kFma ? 3 * kFmaTurns<kCluster, kSmallK> : 0;
+  const int64_t ld = kFma ? local_ld<T, true>(KM * kFmaK) : local_ld<T>(S3);
   const TileShare share(S, Q);
   const int first = share.first, slices = share.slices;
   uint2* frag = reinterpret_cast<uint2*>(smem);
   // dG of the rows, two buffers: step t reads dG_{t+1} from buffer (t + 1)
   // % 2 and writes dG_t to t % 2.
-  T* gbuf = reinterpret_cast<T*>(smem + share.per_block * weight_bytes(KT, NT));
-  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kLocalRows;
+  T* gbuf = reinterpret_cast<T*>(smem + (kFma ? 0 : share.per_block * weight_bytes(KT, NT)));
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kRows;
+  const int rows = static_cast<int>(local_rows(B, r0, kRows));
   // Slice w, tile nt: columns 8 (Q (first + w) + nt) .. + 7 of W_h ([3S, S],
   // rows of stride ld_w).
-  load_weight_slices<T, true>(frag, slices, KT, NT,
-                              [&](int w, int64_t k, int nt, int n) -> uint32_t {
-                                const int64_t j = 8 * (Q * (first + w) + nt) + n;
-                                if (k >= S3 || j >= S) return 0;
-                                return bits_of(w_h[k * ld_w + j]);
-                              });
-  zero_shared(gbuf, 2 * kLocalRows * ld);
+  if constexpr (!kFma) {
+    load_weight_slices<T, true>(frag, slices, KT, NT,
+                                [&](int w, int64_t k, int nt, int n) -> uint32_t {
+                                  const int64_t j = 8 * (Q * (first + w) + nt) + n;
+                                  if (k >= S3 || j >= S) return 0;
+                                  return bits_of(w_h[k * ld_w + j]);
+                                });
+  }
+  zero_shared(gbuf, 2 * kRows * ld);
   __syncthreads();
   const int64_t step_gates = B * S3, step_state = B * S;
   if (t1 < T_) {  // the later chunk's last dG (slot K) for the chunk's first step
-    copy_rows(gbuf + (t1 & 1) * kLocalRows * ld, ld, dG + K * step_gates, S3, B, r0, S3);
+    copy_rows<T, kFma>(gbuf + (t1 & 1) * kRows * ld, ld, dG + K * step_gates, S3, B, r0, S3);
   }
   Exchange x;
   if constexpr (kCluster) {
-    x = make_exchange(gbuf, gbuf + 2 * kLocalRows * ld, share, local_tiles(S, Q),
-                      3 * local_rows(B, r0) * 8 * Q * sizeof(T));
+    x = make_exchange(gbuf, gbuf + 2 * kRows * ld, share, local_tiles(S, Q),
+                      3 * rows * 8 * Q * sizeof(T));
   }
   local_barrier<kCluster>();  // the cluster's buffers are ready before the first step writes them
 
@@ -616,12 +789,19 @@ __global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
   const bool owner = warp < slices;
   if (kCluster && !owner) return;  // no tiles: no step waits for this warp
   const uint2* my_frag = frag + warp * KT * NT * 32;
-  constexpr int RC = kLocalBackwardRegChunks<kCluster, kSmallK>;
+  constexpr int RC = kFma ? 0 : kLocalBackwardRegChunks<kCluster, kSmallK>;
   RegChunks<RC, NT> wr;
-  if (owner) load_reg_chunks<NT, RC>(wr, my_frag, KC);
+  if (owner && !kFma) load_reg_chunks<NT, RC>(wr, my_frag, KC);
   const Places<Q> at(B, S, r0, ld, first + warp, lane);
+  FmaWeights<KM, NT> wf;
+  if (kFma && owner) {
+    load_fma_weights<KM, NT>(wf, S3, [&](int64_t k, int nt, int c) {
+      const int64_t j = at.col + 8 * nt + c;
+      return j < S ? to_acc(w_h[k * ld_w + j]) : 0.f;
+    });
+  }
   const uint32_t a_of_buf = a_lane<T>(shared_address(gbuf), ld, lane);
-  const uint32_t buf_bytes = static_cast<uint32_t>(kLocalRows * ld * sizeof(T));
+  const uint32_t buf_bytes = static_cast<uint32_t>(kRows * ld * sizeof(T));
 
   float dc_reg[2][Q][2] = {};
   // Column sums of the block's dG over the chunk (this thread's rows).
@@ -646,7 +826,7 @@ __global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
     const T* go_src = has_go ? go + (run ? t : t0) * step_state : cells;
     auto load_all = [&](auto load) {
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
+      for (int half = 0; half < kHalves; ++half) {
 #pragma unroll
         for (int q = 0; q < Q; ++q) {
           in.go[half][q] = load(go_src + at.state[half][q]);
@@ -666,7 +846,7 @@ __global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
   if (owner) {
     const T* dc_in = t1 - 1 == T_ - 1 ? gcn : dc;
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
+    for (int half = 0; half < kHalves; ++half) {
 #pragma unroll
       for (int q = 0; q < Q; ++q) {
         if (at.ok[half][q] && dc_in != nullptr)
@@ -687,7 +867,7 @@ __global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
     const bool last = t == T_ - 1;
     const int64_t n = kPacked ? rows_at(bs, B, T_, t) : B;
     const int64_t n_next = kPacked ? rows_at(bs, B, T_, t + 1) : 0;
-    const int64_t write_at = (t & 1) * kLocalRows * ld;
+    const int64_t write_at = (t & 1) * kRows * ld;
     // dG_{t+1} (not the chunk's first step's: from global memory) is in
     // buffer (t + 1) % 2, the (t1 - 2 - t)-th the chunk pushed, its phase
     // half that. Waited for even where the product is skipped: each phase
@@ -697,11 +877,15 @@ __global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
     // Rows with no step after this one (all, at the last): no recurrent
     // gradient (their dG_{t+1} rows are zero: skipping is only faster).
     if (owner && (kPacked ? r0 < n_next : !last)) {
-      local_product<T, NT, 4, RC>(acc, a_of_buf + ((t + 1) & 1) * buf_bytes, KC, my_frag, wr);
+      if constexpr (kFma) {
+        fma_product<KM, NT>(acc, gbuf + ((t + 1) & 1) * kRows * ld, ld, wf);
+      } else {
+        local_product<T, NT, 4, RC>(acc, a_of_buf + ((t + 1) & 1) * buf_bytes, KC, my_frag, wr);
+      }
     }
     if (owner) {
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
+      for (int half = 0; half < kHalves; ++half) {
         const bool live = !kPacked || at.row[half] < n;
         const bool row_last = kPacked ? at.row[half] >= n_next : last;
 #pragma unroll
@@ -719,9 +903,9 @@ __global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
             const float rec[2] = {acc[q][2 * half], acc[q][2 * half + 1]};
             if (!has_go) gof[0] = gof[1] = 0.f;
             float d[3][2];
-            backward_pair_from<T>(live, rec, gof,
-                                  row_last && ghn != nullptr ? ghn + at.state[half][q] : nullptr,
-                                  gf, cf, dc_reg[half][q], d);
+            backward_pair_from<T, Math>(
+                live, rec, gof, row_last && ghn != nullptr ? ghn + at.state[half][q] : nullptr, gf,
+                cf, dc_reg[half][q], d);
 #pragma unroll
             for (int g = 0; g < 3; ++g) {
               float r0v, r1v;
@@ -735,7 +919,7 @@ __global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
           const int64_t b = write_at + at.buf[half][q];
           Pair<T> d_op[3];
 #pragma unroll
-          for (int g = 0; g < 3; ++g) d_op[g] = operand_pair<T>(v[g]);
+          for (int g = 0; g < 3; ++g) d_op[g] = operand_pair<T, kFma>(v[g]);
           // The chunk's earliest dG is read from global memory.
           if (kCluster && t > t0 && at.row[half] < B) {
             uint32_t off[3];
@@ -770,7 +954,7 @@ __global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
   if (!owner) return;
   // The chunk's last step is the earliest: its dc is d c_{t0 - 1}.
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
+  for (int half = 0; half < kHalves; ++half) {
 #pragma unroll
     for (int q = 0; q < Q; ++q) {
       if (!at.ok[half][q]) continue;
@@ -794,6 +978,27 @@ __global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
       }
     }
   }
+}
+
+template <typename T, int Q, bool kPacked, bool kCluster, bool kSmallK>
+__global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
+    backward_tc_local_kernel(int64_t T_, int64_t t0, int64_t t1, int64_t K, int64_t B, int64_t S,
+                             const T* go, const T* ghn, const T* gcn, T* dG, const T* w_h,
+                             int64_t ld_w, T* dc, const T* gates, const T* cells, const T* c0,
+                             float* partial, const int64_t* bs) {
+  backward_local<T, Q, kPacked, kCluster, kSmallK, false>(
+      T_, t0, t1, K, B, S, go, ghn, gcn, dG, w_h, ld_w, dc, gates, cells, c0, partial, bs);
+}
+// Full float32 (no TF32): the product on the FMA units.
+template <bool kPacked, bool kCluster, bool kSmallK>
+__global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
+    backward_fma_local_kernel(int64_t T_, int64_t t0, int64_t t1, int64_t K, int64_t B, int64_t S,
+                              const float* go, const float* ghn, const float* gcn, float* dG,
+                              const float* w_h, int64_t ld_w, float* dc, const float* gates,
+                              const float* cells, const float* c0, float* partial,
+                              const int64_t* bs) {
+  backward_local<float, kLocalQ, kPacked, kCluster, kSmallK, true>(
+      T_, t0, t1, K, B, S, go, ghn, gcn, dG, w_h, ld_w, dc, gates, cells, c0, partial, bs);
 }
 
 }  // namespace tc

@@ -1057,10 +1057,11 @@ RESIDENT_SHAPES = [411, 418, 441, 442, 811, 812, 841, 848]
 @pytest.mark.parametrize("shape", [None, *RESIDENT_SHAPES], ids=str)
 @pytest.mark.parametrize("packed", [False, True], ids=["whole", "packed"])
 def test_cuda_resident_kernels_run_and_match_the_reference(size, shape, packed):
-    """Full-precision float32 (no TF32) on the resident-weight kernels:
-    each block's slice of W_h in shared memory for every step, the product
-    on the FMA units. They run (one launch for the forward, one per backward
-    chunk, no step kernels) in the rule's block shape and in each forced one,
+    """Full-precision float32 (no TF32) on the resident-weight kernels
+    (the block-local ones turned off: they take S = 64): each block's slice
+    of W_h in shared memory for every step, the product on the FMA units.
+    They run (one launch for the forward, one per backward chunk, no step
+    kernels) in the rule's block shape and in each forced one,
     and match float64 to float32's error: S = 4 and 12 (a part-filled k round
     and column block), 36 and 100 (k rounds split unevenly over the warps),
     260; B = 1, 3 (one block, mostly idle rows), 70 and 300 (several batch
@@ -1086,11 +1087,80 @@ def test_cuda_resident_kernels_run_and_match_the_reference(size, shape, packed):
         torch.autograd.backward(out, [g.to("cuda", torch.float32) for g in grads])
 
     shape_env = {} if shape is None else {"LLTM_OP_SEQUENCE_RESIDENT_SHAPE": shape}
-    with env(LLTM_OP_SEQUENCE_CHUNKS=chunks, **shape_env), tf32_matmul(False):
+    with env(LLTM_OP_SEQUENCE_CHUNKS=chunks, LLTM_OP_SEQUENCE_LOCAL=0, **shape_env), tf32_matmul(False):
         names = _cuda_kernel_names(run)
     assert sum("forward_resident_kernel" in n for n in names) == 1, names
     assert sum("backward_resident_kernel" in n for n in names) == chunks, names
     assert not any("cell_kernel" in n or "fused_kernel" in n or "persistent_kernel" in n for n in names), names
+    assert_packed_run_matches(out, args, ref, ref_args, grads, lengths, 1e-5)
+
+
+def runs_fma_local(S: int, cluster: int | None = None) -> bool:
+    """Whether full-precision float32 runs the block-local FMA kernels at
+    state size S on this GPU (the rule of compute_fma_local_launch, for
+    grids that fit): S a multiple of 8, up to 32 in one block, up to 128 in
+    clusters (sm_90), in clusters of `cluster` blocks where asked."""
+    if S % 8 != 0 or S > 128:
+        return False
+    if torch.cuda.get_device_capability()[0] < 9:
+        return S <= 32 and cluster in (None, 1)
+    if cluster is None:
+        return True
+    tiles = (S + 7) // 8
+    tiles_a_block = (tiles + cluster - 1) // cluster
+    return tiles_a_block <= 4 and (cluster > 1 or S <= 32)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize(
+    "size",
+    [
+        (5, 3, 4, 8),
+        (1, 5, 3, 16),
+        (7, 1, 5, 24),
+        (3, 70, 9, 40),
+        (4, 16, 8, 64),
+        (4, 20, 6, 96),
+        (6, 9, 8, 120),
+        (2, 33, 16, 128),
+        (3, 300, 32, 128),
+    ],
+    ids=str,
+)
+@pytest.mark.parametrize("cluster", [None, 8], ids=["rule", "C8"])
+@pytest.mark.parametrize("packed", [False, True], ids=["whole", "packed"])
+def test_cuda_fma_local_kernels_run_and_match_the_reference(size, cluster, packed):
+    """Full-precision float32 (no TF32) on the block-local kernels with the
+    product on the FMA units (8 batch rows a cluster, each warp's weights in
+    registers, k split over 8 lanes and summed by shuffles): they run (one
+    launch for the forward, one per backward chunk) and match float64 to
+    float32's error, on S = 8 to 128 (one block, clusters of 2 and 4, a
+    last block with fewer tiles at S = 120, and clusters of 8 where asked),
+    B = 1, 3, 5 (part of one 8-row block), 9, 33, 70, 300 (several, a
+    part-filled last one), T = 1, packed rows, two backward chunks."""
+    need("cuda")
+    T, B, F, S = size
+    if not runs_fma_local(S, cluster):
+        pytest.skip("those block-local kernels do not run at this size on this GPU")
+    gen = torch.Generator().manual_seed(sum(size) + packed)
+    lengths = random_lengths(T, B, gen) if packed else [T] * B
+    args = make_args(T, B, F, S, dtype=torch.float32, device="cuda", generator=gen)
+    args, ref_args, ref, grads = packed_case(args, lengths, gen)
+    bs = batch_sizes_of(lengths, T) if packed else None
+    chunks = min(2, T)
+    out = []
+
+    def run():
+        out.extend(run_op(*args, bs)[:3])
+        torch.autograd.backward(out, [g.to("cuda", torch.float32) for g in grads])
+
+    cluster_env = {} if cluster is None else {"LLTM_OP_SEQUENCE_LOCAL_CLUSTER": cluster}
+    with env(LLTM_OP_SEQUENCE_CHUNKS=chunks, **cluster_env), tf32_matmul(False):
+        names = _cuda_kernel_names(run)
+    assert sum("forward_fma_local_kernel" in n for n in names) == 1, names
+    assert sum("backward_fma_local_kernel" in n for n in names) == chunks, names
+    assert count_tc(names, "forward") == count_tc(names, "backward") == 0, names
+    assert not any("resident_kernel" in n or "cell_kernel" in n or "fused_kernel" in n for n in names), names
     assert_packed_run_matches(out, args, ref, ref_args, grads, lengths, 1e-5)
 
 
@@ -1133,9 +1203,12 @@ def test_cuda_paths_run_packed_rows(path, dtype, T, B, F, S):
             assert count_tc(names, "forward", local) == 1, names
             assert count_tc(names, "backward", local) == 2, names
         elif tc_path:
-            # float32 without TF32: the resident-weight kernels (S % 4 == 0).
-            assert sum("forward_resident_kernel" in n for n in names) == 1, names
-            assert sum("backward_resident_kernel" in n for n in names) == 2, names
+            # float32 without TF32: the block-local FMA kernels where they
+            # run, else the resident-weight kernels (S % 4 == 0).
+            cluster = {"tensor_cores": None, "tc_local_clusters": 4}.get(path, 0)
+            kind = "fma_local" if cluster != 0 and runs_fma_local(S, cluster) else "resident"
+            assert sum(f"forward_{kind}_kernel" in n for n in names) == 1, names
+            assert sum(f"backward_{kind}_kernel" in n for n in names) == 2, names
         else:
             assert sum("forward_persistent_kernel" in n for n in names) == 1, names
             assert sum("backward_persistent_kernel" in n for n in names) == 2, names
