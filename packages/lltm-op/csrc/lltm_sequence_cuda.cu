@@ -621,6 +621,7 @@ unsigned int grid_dim(int64_t v, const char* what) {
 struct LocalLaunch {
   bool ok = false;
   bool fma = false;
+  int split = 1;  // fma: warps a column tile
   int threads = 0;
   dim3 grid;
   size_t smem = 0;
@@ -729,16 +730,26 @@ void with_local_variant(bool cluster, int64_t S, bool forward, F&& f) {
   });
 }
 
-// f(kCluster, kSmallK) for full float32's block-local kernels
+// f(kCluster, kSmallK, kSplit) for full float32's block-local kernels
 // (tc::forward_fma_local_kernel): one block, or a cluster whose product
-// holds the weights of S up to 64 (kSmallK) or 128.
+// holds the weights of S up to 64 (kSmallK) or 128, the latter on `split`
+// warps a tile (1 or 2).
 template <typename F>
-void with_fma_variant(bool cluster, int64_t S, F&& f) {
+void with_fma_variant(bool cluster, int64_t S, int split, F&& f) {
+  using One = std::integral_constant<int, 1>;
   with_bool(cluster, [&](auto kc) {
     if constexpr (decltype(kc)::value) {
-      with_bool(S <= tc::kFmaMaxS<true, true>, [&](auto ks) { f(kc, ks); });
+      with_bool(S <= tc::kFmaMaxS<true, true>, [&](auto ks) {
+        if constexpr (decltype(ks)::value) {
+          f(kc, ks, One{});
+        } else if (split == 2) {
+          f(kc, ks, std::integral_constant<int, 2>{});
+        } else {
+          f(kc, ks, One{});
+        }
+      });
     } else {
-      f(kc, std::false_type{});
+      f(kc, std::false_type{}, One{});
     }
   });
 }
@@ -935,29 +946,38 @@ LocalLaunch compute_fma_local_launch(const Dims& d, int device, int sms, int opt
       d.S > (C == 1 ? tc::kFmaMaxS<false, false> : tc::kFmaMaxS<true, false>)) {
     return launch;
   }
-  const size_t smem = tc::local_fma_smem(d.S, C, forward);
-  if (smem > static_cast<size_t>(optin)) return launch;
-  const int n = 32 * warps;
-  int clusters = 0;
-  with_fma_variant(C > 1, d.S, [&](auto kc, auto ks) {
-    constexpr bool kCluster = decltype(kc)::value, kSmallK = decltype(ks)::value;
-    auto resident = [&](auto whole, auto packed) {
-      return std::min(resident_clusters(whole, C, n, smem, optin, sms),
-                      resident_clusters(packed, C, n, smem, optin, sms));
-    };
-    clusters = forward ? resident(tc::forward_fma_local_kernel<false, kCluster, kSmallK>,
-                                  tc::forward_fma_local_kernel<true, kCluster, kSmallK>)
-                       : resident(tc::backward_fma_local_kernel<false, kCluster, kSmallK>,
-                                  tc::backward_fma_local_kernel<true, kCluster, kSmallK>);
-  });
   // One block a multiprocessor: a second one shares its FMA units, and
   // the product is most of the step.
-  if (gy > clusters || gy * C > sms) return launch;
-  launch.ok = true;
-  launch.fma = true;
-  launch.threads = n;
-  launch.grid = dim3(static_cast<unsigned int>(C), static_cast<unsigned int>(gy));
-  launch.smem = smem;
+  if (gy * C > sms) return launch;
+  // Two warps a tile at S > 64 where all their clusters fit (at 168
+  // registers a thread, one block a multiprocessor), else one.
+  for (int split : {2, 1}) {
+    if (split == 2 && (C == 1 || d.S <= tc::kFmaMaxS<true, true>)) continue;
+    const size_t smem = tc::local_fma_smem(d.S, C, forward, split);
+    if (smem > static_cast<size_t>(optin)) continue;
+    const int n = 32 * warps * split;
+    int clusters = 0;
+    with_fma_variant(C > 1, d.S, split, [&](auto kc, auto ks, auto kp) {
+      constexpr bool kCluster = decltype(kc)::value, kSmallK = decltype(ks)::value;
+      constexpr int kSplit = decltype(kp)::value;
+      auto resident = [&](auto whole, auto packed) {
+        return std::min(resident_clusters(whole, C, n, smem, optin, sms),
+                        resident_clusters(packed, C, n, smem, optin, sms));
+      };
+      clusters = forward ? resident(tc::forward_fma_local_kernel<false, kCluster, kSmallK, kSplit>,
+                                    tc::forward_fma_local_kernel<true, kCluster, kSmallK, kSplit>)
+                         : resident(tc::backward_fma_local_kernel<false, kCluster, kSmallK, kSplit>,
+                                    tc::backward_fma_local_kernel<true, kCluster, kSmallK, kSplit>);
+    });
+    if (gy > clusters) continue;
+    launch.ok = true;
+    launch.fma = true;
+    launch.split = split;
+    launch.threads = n;
+    launch.grid = dim3(static_cast<unsigned int>(C), static_cast<unsigned int>(gy));
+    launch.smem = smem;
+    return launch;
+  }
   return launch;
 }
 
@@ -1343,10 +1363,11 @@ struct CudaDev {
         const bool packed = a.batch_sizes != nullptr;
         if constexpr (std::is_same_v<T, float>) {
           if (l.fma) {
-            with_fma_variant(l.grid.x > 1, a.S, [&](auto kc, auto ks) {
+            with_fma_variant(l.grid.x > 1, a.S, l.split, [&](auto kc, auto ks, auto kp) {
               constexpr bool kCluster = decltype(kc)::value, kSmallK = decltype(ks)::value;
-              run(packed ? tc::forward_fma_local_kernel<true, kCluster, kSmallK>
-                         : tc::forward_fma_local_kernel<false, kCluster, kSmallK>);
+              constexpr int kSplit = decltype(kp)::value;
+              run(packed ? tc::forward_fma_local_kernel<true, kCluster, kSmallK, kSplit>
+                         : tc::forward_fma_local_kernel<false, kCluster, kSmallK, kSplit>);
             });
             return;
           }
@@ -1379,10 +1400,11 @@ struct CudaDev {
         const bool packed = a.batch_sizes != nullptr;
         if constexpr (std::is_same_v<T, float>) {
           if (l.fma) {
-            with_fma_variant(l.grid.x > 1, a.S, [&](auto kc, auto ks) {
+            with_fma_variant(l.grid.x > 1, a.S, l.split, [&](auto kc, auto ks, auto kp) {
               constexpr bool kCluster = decltype(kc)::value, kSmallK = decltype(ks)::value;
-              run(packed ? tc::backward_fma_local_kernel<true, kCluster, kSmallK>
-                         : tc::backward_fma_local_kernel<false, kCluster, kSmallK>);
+              constexpr int kSplit = decltype(kp)::value;
+              run(packed ? tc::backward_fma_local_kernel<true, kCluster, kSmallK, kSplit>
+                         : tc::backward_fma_local_kernel<false, kCluster, kSmallK, kSplit>);
             });
             return;
           }

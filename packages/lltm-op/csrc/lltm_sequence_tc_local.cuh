@@ -402,29 +402,72 @@ inline int fma_turns(int C, int64_t S) {
   return C == 1 ? kFmaTurns<false, false>
                 : (S <= kFmaMaxS<true, true> ? kFmaTurns<true, true> : kFmaTurns<true, false>);
 }
+// kSplit = 2 (a cluster's S = 128 variant, where its blocks fit): two warps
+// share a tile's product, each half of its turns (warp w of a block's 2n:
+// tile w % n, half w / n), and the first adds the second's sums (through
+// shared memory) and runs the cell. With one warp an SMSP the FMAs issued
+// at about one in 2.7 clocks (H100, S = 128, B8: the step 2.2 us, 1.0
+// without the product; split, 1.65).
 // The state buffers' rows hold every turn the product reads (the padding
 // zero): no branch on K or on the rows in the product, whose loads and
 // FMAs then run as one straight block (with a branch between rows, each
 // row's load waited its whole latency: H100, S = 128, B8, 2.5 us a
-// forward step against 1.1 on TF32).
-inline size_t local_fma_smem(int64_t S, int C, bool forward) {
+// forward step against 1.1 on TF32). After them the mbarriers, then the
+// split's exchange (a tile's 32 lanes' NT pairs of sums).
+inline size_t local_fma_buffer_bytes(int64_t S, int C, bool forward) {
   const int64_t row = (forward ? 1 : 3) * int64_t(kFmaK) * fma_turns(C, S);
-  return 2 * kLocalRowsOf<true> * local_ld<float, true>(row) * sizeof(float) + kLocalBarrierBytes;
+  return 2 * kLocalRowsOf<true> * local_ld<float, true>(row) * sizeof(float);
+}
+inline size_t local_fma_smem(int64_t S, int C, bool forward, int split) {
+  const int nt = forward ? 3 * kLocalQ : kLocalQ;
+  const size_t sums =
+      split > 1 ? local_block_tiles(S, kLocalQ, C) * 32 * nt * 2 * sizeof(float) : 0;
+  return local_fma_buffer_bytes(S, C, forward) + kLocalBarrierBytes + sums;
+}
+
+// Named barrier `id` of the two warps of a split tile: the second arrives
+// once its sums are in shared memory, the first waits for it.
+__device__ __forceinline__ void pair_arrive(int id) {
+  asm volatile("bar.arrive %0, 64;" ::"r"(id) : "memory");
+}
+__device__ __forceinline__ void pair_sync(int id) {
+  asm volatile("bar.sync %0, 64;" ::"r"(id) : "memory");
+}
+// The split's sums of tile `tile` (NT tiles of pairs a lane) at `scratch`:
+// the second warp (khalf 1) stores its acc, the first adds them to its own.
+template <int NT>
+__device__ __forceinline__ void combine_halves(float (&acc)[NT][4], float* scratch, int tile,
+                                               int khalf) {
+  const int lane = threadIdx.x & 31;
+  float2* at = reinterpret_cast<float2*>(scratch) + (tile * 32 + lane) * NT;
+  if (khalf) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) at[nt] = make_float2(acc[nt][0], acc[nt][1]);
+    pair_arrive(1 + tile);
+  } else {
+    pair_sync(1 + tile);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const float2 v = at[nt];
+      acc[nt][0] += v.x;
+      acc[nt][1] += v.y;
+    }
+  }
 }
 
 template <int KM, int NT>
 using FmaWeights = float[KM > 0 ? KM : 1][4][NT][2];
 
-// This lane's weights: w[m][e][nt][c] = at(k, nt, c) for k = 32 m + 4 g + e
-// below K, zero past it.
+// This lane's weights of turns m0 .. m0 + KM - 1: w[m][e][nt][c] = at(k,
+// nt, c) for k = 32 (m0 + m) + 4 g + e below K, zero past it.
 template <int KM, int NT, typename At>
-__device__ __forceinline__ void load_fma_weights(FmaWeights<KM, NT>& w, int64_t K, At at) {
+__device__ __forceinline__ void load_fma_weights(FmaWeights<KM, NT>& w, int64_t K, int m0, At at) {
   const int g = (threadIdx.x & 31) >> 2;
 #pragma unroll
   for (int m = 0; m < KM; ++m) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int64_t k = int64_t(kFmaK) * m + 4 * g + e;
+      const int64_t k = int64_t(kFmaK) * (m0 + m) + 4 * g + e;
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
@@ -529,7 +572,7 @@ struct Places {
 // ceil(B / rows)); kCluster: C > 1, its rows' C blocks one cluster
 // (sm_90). The kernels (forward_tc_local_kernel, forward_fma_local_kernel)
 // are this function with their products.
-template <typename T, int Q, bool kPacked, bool kCluster, bool kSmallK, bool kFma>
+template <typename T, int Q, bool kPacked, bool kCluster, bool kSmallK, bool kFma, int kSplit>
 __device__ __forceinline__ void forward_local(int64_t steps, int64_t B, int64_t S, T* gates,
                                               const T* bias, const T* h0, const T* w_hT,
                                               const T* c0, T* outs, T* cells, T* h_n, T* c_n,
@@ -540,9 +583,9 @@ __device__ __forceinline__ void forward_local(int64_t steps, int64_t B, int64_t 
   using Math = std::conditional_t<kFma, AccurateMath, TcMath>;
   extern __shared__ __align__(16) unsigned char smem[];
   const int KC = static_cast<int>((S + kChunk<T> - 1) / kChunk<T>), KT = 2 * KC;
-  // kFma: this lane's weights, KM turns of k.
-  constexpr int KM = kFma ? kFmaTurns<kCluster, kSmallK> : 0;
-  const int64_t ld = kFma ? local_ld<T, true>(KM * kFmaK) : local_ld<T>(S);
+  // kFma: the row's turns of k, KM of them this warp's (kSplit warps a tile).
+  constexpr int KM = kFma ? kFmaTurns<kCluster, kSmallK> / kSplit : 0;
+  const int64_t ld = kFma ? local_ld<T, true>(KM * kSplit * kFmaK) : local_ld<T>(S);
   const TileShare share(S, Q);
   const int first = share.first, slices = share.slices;
   uint2* frag = reinterpret_cast<uint2*>(smem);
@@ -570,7 +613,12 @@ __device__ __forceinline__ void forward_local(int64_t steps, int64_t B, int64_t 
   }
   local_barrier<kCluster>();  // the cluster's buffers are ready before step 0 writes them
 
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  // warp: the block's tile of this warp; khalf: its half of a split tile's
+  // turns (the second half's warp runs the product only).
+  const int warp = static_cast<int>(threadIdx.x >> 5) % (kSplit > 1 ? share.per_block : 1 << 30);
+  const int khalf = kSplit > 1 ? static_cast<int>(threadIdx.x >> 5) / share.per_block : 0;
+  const int lane = threadIdx.x & 31;
+  float* scratch = reinterpret_cast<float*>(hbuf + 2 * kRows * ld) + kLocalBarrierBytes / 4;
   const int64_t step_gates = B * 3 * S, step_state = B * S;
   const bool owner = warp < slices;
   if (kCluster && !owner) return;  // no tiles: no step waits for this warp
@@ -582,7 +630,7 @@ __device__ __forceinline__ void forward_local(int64_t steps, int64_t B, int64_t 
   // kFma: gate g's columns as tile g * Q + q.
   FmaWeights<KM, NT> wf;
   if (kFma && owner) {
-    load_fma_weights<KM, NT>(wf, S, [&](int64_t k, int nt, int c) {
+    load_fma_weights<KM, NT>(wf, S, khalf * KM, [&](int64_t k, int nt, int c) {
       const int64_t j = at.col + 8 * (nt % Q) + c;
       return j < S ? to_acc(w_hT[k * 3 * S + (nt / Q) * S + j]) : 0.f;
     });
@@ -649,13 +697,16 @@ __device__ __forceinline__ void forward_local(int64_t steps, int64_t B, int64_t 
     if (kCluster && t > 0) x.wait((t - 1) & 1, (t - 1) >> 1);
     if (kPacked && r0 >= n) return false;  // sizes do not increase: this block is done
     const int64_t write_at = (t & 1) * kRows * ld;
+    float acc[NT][4];
     if (owner) {
-      float acc[NT][4];
       if constexpr (kFma) {
-        fma_product<KM, NT>(acc, hbuf + ((t + 1) & 1) * kRows * ld, ld, wf);
+        fma_product<KM, NT>(acc, hbuf + ((t + 1) & 1) * kRows * ld + khalf * KM * kFmaK, ld, wf);
+        if constexpr (kSplit > 1) combine_halves<NT>(acc, scratch, warp, khalf);
       } else {
         local_product<T, NT, 2, RC>(acc, a_of_buf + ((t + 1) & 1) * buf_bytes, KC, my_frag, wr);
       }
+    }
+    if (owner && khalf == 0) {
 #pragma unroll
       for (int half = 0; half < kHalves; ++half) {
 #pragma unroll
@@ -697,7 +748,7 @@ __device__ __forceinline__ void forward_local(int64_t steps, int64_t B, int64_t 
       prefetch_p(p, t + 2, g_t + 2 * step_gates);
     }
     if constexpr (kCluster) {
-      if (!last) x.arrive(t & 1);
+      if (!last && khalf == 0) x.arrive(t & 1);
     } else {
       __syncthreads();  // h_t written before the next step reads it
     }
@@ -716,16 +767,16 @@ __global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
     forward_tc_local_kernel(int64_t steps, int64_t B, int64_t S, T* gates, const T* bias,
                             const T* h0, const T* w_hT, const T* c0, T* outs, T* cells, T* h_n,
                             T* c_n, const int64_t* bs) {
-  forward_local<T, Q, kPacked, kCluster, kSmallK, false>(steps, B, S, gates, bias, h0, w_hT, c0,
-                                                         outs, cells, h_n, c_n, bs);
+  forward_local<T, Q, kPacked, kCluster, kSmallK, false, 1>(steps, B, S, gates, bias, h0, w_hT, c0,
+                                                            outs, cells, h_n, c_n, bs);
 }
-// Full float32 (no TF32): the product on the FMA units.
-template <bool kPacked, bool kCluster, bool kSmallK>
+// Full float32 (no TF32): the product on the FMA units, kSplit warps a tile.
+template <bool kPacked, bool kCluster, bool kSmallK, int kSplit>
 __global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
     forward_fma_local_kernel(int64_t steps, int64_t B, int64_t S, float* gates, const float* bias,
                              const float* h0, const float* w_hT, const float* c0, float* outs,
                              float* cells, float* h_n, float* c_n, const int64_t* bs) {
-  forward_local<float, kLocalQ, kPacked, kCluster, kSmallK, true>(
+  forward_local<float, kLocalQ, kPacked, kCluster, kSmallK, true, kSplit>(
       steps, B, S, gates, bias, h0, w_hT, c0, outs, cells, h_n, c_n, bs);
 }
 
@@ -738,7 +789,7 @@ __global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
 // the bias-gradient sums of the block's rows added to row blockIdx.y of
 // `partial` (summed in registers over the chunk, in a fixed order). The
 // grid and clusters as the forward's; the kernels as forward_local's.
-template <typename T, int Q, bool kPacked, bool kCluster, bool kSmallK, bool kFma>
+template <typename T, int Q, bool kPacked, bool kCluster, bool kSmallK, bool kFma, int kSplit>
 __device__ __forceinline__ void backward_local(int64_t T_, int64_t t0, int64_t t1, int64_t K,
                                                int64_t B, int64_t S, const T* go, const T* ghn,
                                                const T* gcn, T* dG, const T* w_h, int64_t ld_w,
@@ -751,9 +802,9 @@ __device__ __forceinline__ void backward_local(int64_t T_, int64_t t0, int64_t t
   extern __shared__ __align__(16) unsigned char smem[];
   const int64_t S3 = 3 * S;
   const int KC = static_cast<int>((S3 + kChunk<T> - 1) / kChunk<T>), KT = 2 * KC;
-  // kFma: this lane's weights, KM turns of k.
-  constexpr int KM = kFma ? 3 * kFmaTurns<kCluster, kSmallK> : 0;
-  const int64_t ld = kFma ? local_ld<T, true>(KM * kFmaK) : local_ld<T>(S3);
+  // kFma: the row's turns of k, KM of them this warp's (kSplit warps a tile).
+  constexpr int KM = kFma ? 3 * kFmaTurns<kCluster, kSmallK> / kSplit : 0;
+  const int64_t ld = kFma ? local_ld<T, true>(KM * kSplit * kFmaK) : local_ld<T>(S3);
   const TileShare share(S, Q);
   const int first = share.first, slices = share.slices;
   uint2* frag = reinterpret_cast<uint2*>(smem);
@@ -785,7 +836,11 @@ __device__ __forceinline__ void backward_local(int64_t T_, int64_t t0, int64_t t
   }
   local_barrier<kCluster>();  // the cluster's buffers are ready before the first step writes them
 
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  // warp, khalf: as the forward's.
+  const int warp = static_cast<int>(threadIdx.x >> 5) % (kSplit > 1 ? share.per_block : 1 << 30);
+  const int khalf = kSplit > 1 ? static_cast<int>(threadIdx.x >> 5) / share.per_block : 0;
+  const int lane = threadIdx.x & 31;
+  float* scratch = reinterpret_cast<float*>(gbuf + 2 * kRows * ld) + kLocalBarrierBytes / 4;
   const bool owner = warp < slices;
   if (kCluster && !owner) return;  // no tiles: no step waits for this warp
   const uint2* my_frag = frag + warp * KT * NT * 32;
@@ -795,7 +850,7 @@ __device__ __forceinline__ void backward_local(int64_t T_, int64_t t0, int64_t t
   const Places<Q> at(B, S, r0, ld, first + warp, lane);
   FmaWeights<KM, NT> wf;
   if (kFma && owner) {
-    load_fma_weights<KM, NT>(wf, S3, [&](int64_t k, int nt, int c) {
+    load_fma_weights<KM, NT>(wf, S3, khalf * KM, [&](int64_t k, int nt, int c) {
       const int64_t j = at.col + 8 * nt + c;
       return j < S ? to_acc(w_h[k * ld_w + j]) : 0.f;
     });
@@ -878,12 +933,13 @@ __device__ __forceinline__ void backward_local(int64_t T_, int64_t t0, int64_t t
     // gradient (their dG_{t+1} rows are zero: skipping is only faster).
     if (owner && (kPacked ? r0 < n_next : !last)) {
       if constexpr (kFma) {
-        fma_product<KM, NT>(acc, gbuf + ((t + 1) & 1) * kRows * ld, ld, wf);
+        fma_product<KM, NT>(acc, gbuf + ((t + 1) & 1) * kRows * ld + khalf * KM * kFmaK, ld, wf);
+        if constexpr (kSplit > 1) combine_halves<NT>(acc, scratch, warp, khalf);
       } else {
         local_product<T, NT, 4, RC>(acc, a_of_buf + ((t + 1) & 1) * buf_bytes, KC, my_frag, wr);
       }
     }
-    if (owner) {
+    if (owner && khalf == 0) {
 #pragma unroll
       for (int half = 0; half < kHalves; ++half) {
         const bool live = !kPacked || at.row[half] < n;
@@ -938,7 +994,7 @@ __device__ __forceinline__ void backward_local(int64_t T_, int64_t t0, int64_t t
       prefetch(in, t - 2, g_t - 2 * step_gates, c_t - 2 * step_state);
     }
     if constexpr (kCluster) {
-      if (t > t0) x.arrive(t & 1);
+      if (t > t0 && khalf == 0) x.arrive(t & 1);
     } else {
       __syncthreads();  // dG_t written before the next step reads it
     }
@@ -951,7 +1007,7 @@ __device__ __forceinline__ void backward_local(int64_t T_, int64_t t0, int64_t t
     if (t - 1 < t0) break;
     step(t - 1, in_set[1]);
   }
-  if (!owner) return;
+  if (!owner || khalf != 0) return;
   // The chunk's last step is the earliest: its dc is d c_{t0 - 1}.
 #pragma unroll
   for (int half = 0; half < kHalves; ++half) {
@@ -986,18 +1042,18 @@ __global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
                              const T* go, const T* ghn, const T* gcn, T* dG, const T* w_h,
                              int64_t ld_w, T* dc, const T* gates, const T* cells, const T* c0,
                              float* partial, const int64_t* bs) {
-  backward_local<T, Q, kPacked, kCluster, kSmallK, false>(
+  backward_local<T, Q, kPacked, kCluster, kSmallK, false, 1>(
       T_, t0, t1, K, B, S, go, ghn, gcn, dG, w_h, ld_w, dc, gates, cells, c0, partial, bs);
 }
-// Full float32 (no TF32): the product on the FMA units.
-template <bool kPacked, bool kCluster, bool kSmallK>
+// Full float32 (no TF32): the product on the FMA units, kSplit warps a tile.
+template <bool kPacked, bool kCluster, bool kSmallK, int kSplit>
 __global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
     backward_fma_local_kernel(int64_t T_, int64_t t0, int64_t t1, int64_t K, int64_t B, int64_t S,
                               const float* go, const float* ghn, const float* gcn, float* dG,
                               const float* w_h, int64_t ld_w, float* dc, const float* gates,
                               const float* cells, const float* c0, float* partial,
                               const int64_t* bs) {
-  backward_local<float, kLocalQ, kPacked, kCluster, kSmallK, true>(
+  backward_local<float, kLocalQ, kPacked, kCluster, kSmallK, true, kSplit>(
       T_, t0, t1, K, B, S, go, ghn, gcn, dG, w_h, ld_w, dc, gates, cells, c0, partial, bs);
 }
 

@@ -1095,20 +1095,22 @@ def test_cuda_resident_kernels_run_and_match_the_reference(size, shape, packed):
     assert_packed_run_matches(out, args, ref, ref_args, grads, lengths, 1e-5)
 
 
-def runs_fma_local(S: int, cluster: int | None = None) -> bool:
+def runs_fma_local(S: int, B: int, cluster: int | None = None) -> bool:
     """Whether full-precision float32 runs the block-local FMA kernels at
-    state size S on this GPU (the rule of compute_fma_local_launch, for
-    grids that fit): S a multiple of 8, up to 32 in one block, up to 128 in
-    clusters (sm_90), in clusters of `cluster` blocks where asked."""
+    state size S and batch B on this GPU (the rule of
+    compute_fma_local_launch, for grids that fit): S a multiple of 8, up to
+    32 in one block, up to 128 in clusters (sm_90; of `cluster` blocks
+    where asked, at most 4 column tiles a block), 8 rows a cluster, one
+    block a multiprocessor."""
     if S % 8 != 0 or S > 128:
         return False
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    clusters = (B + 7) // 8
     if torch.cuda.get_device_capability()[0] < 9:
-        return S <= 32 and cluster in (None, 1)
-    if cluster is None:
-        return True
-    tiles = (S + 7) // 8
-    tiles_a_block = (tiles + cluster - 1) // cluster
-    return tiles_a_block <= 4 and (cluster > 1 or S <= 32)
+        return S <= 32 and cluster in (None, 1) and clusters <= sms
+    C = cluster or (1 if S <= 32 else 2 if S <= 64 else 4)
+    tiles_a_block = ((S + 7) // 8 + C - 1) // C
+    return tiles_a_block <= 4 and (C > 1 or S <= 32) and clusters * C <= sms
 
 
 @pytest.mark.cuda
@@ -1123,7 +1125,8 @@ def runs_fma_local(S: int, cluster: int | None = None) -> bool:
         (4, 20, 6, 96),
         (6, 9, 8, 120),
         (2, 33, 16, 128),
-        (3, 300, 32, 128),
+        (2, 250, 8, 128),
+        (3, 300, 32, 64),
     ],
     ids=str,
 )
@@ -1135,12 +1138,13 @@ def test_cuda_fma_local_kernels_run_and_match_the_reference(size, cluster, packe
     registers, k split over 8 lanes and summed by shuffles): they run (one
     launch for the forward, one per backward chunk) and match float64 to
     float32's error, on S = 8 to 128 (one block, clusters of 2 and 4, a
-    last block with fewer tiles at S = 120, and clusters of 8 where asked),
-    B = 1, 3, 5 (part of one 8-row block), 9, 33, 70, 300 (several, a
+    last block with fewer tiles at S = 120, and clusters of 8 where asked;
+    two warps a tile at S > 64, one where those clusters do not all fit),
+    B = 1, 3, 5 (part of one 8-row block), 9, 33, 70, 250, 300 (several, a
     part-filled last one), T = 1, packed rows, two backward chunks."""
     need("cuda")
     T, B, F, S = size
-    if not runs_fma_local(S, cluster):
+    if not runs_fma_local(S, B, cluster):
         pytest.skip("those block-local kernels do not run at this size on this GPU")
     gen = torch.Generator().manual_seed(sum(size) + packed)
     lengths = random_lengths(T, B, gen) if packed else [T] * B
@@ -1206,7 +1210,7 @@ def test_cuda_paths_run_packed_rows(path, dtype, T, B, F, S):
             # float32 without TF32: the block-local FMA kernels where they
             # run, else the resident-weight kernels (S % 4 == 0).
             cluster = {"tensor_cores": None, "tc_local_clusters": 4}.get(path, 0)
-            kind = "fma_local" if cluster != 0 and runs_fma_local(S, cluster) else "resident"
+            kind = "fma_local" if cluster != 0 and runs_fma_local(S, B, cluster) else "resident"
             assert sum(f"forward_{kind}_kernel" in n for n in names) == 1, names
             assert sum(f"backward_{kind}_kernel" in n for n in names) == 2, names
         else:
