@@ -402,12 +402,6 @@ inline int fma_turns(int C, int64_t S) {
   return C == 1 ? kFmaTurns<false, false>
                 : (S <= kFmaMaxS<true, true> ? kFmaTurns<true, true> : kFmaTurns<true, false>);
 }
-// kSplit = 2 (a cluster's S = 128 variant, where its blocks fit): two warps
-// share a tile's product, each half of its turns (warp w of a block's 2n:
-// tile w % n, half w / n), and the first adds the second's sums (through
-// shared memory) and runs the cell. With one warp an SMSP the FMAs issued
-// at about one in 2.7 clocks (H100, S = 128, B8: the step 2.2 us, 1.0
-// without the product; split, 1.65).
 // The state buffers' rows hold every turn the product reads (the padding
 // zero): no branch on K or on the rows in the product, whose loads and
 // FMAs then run as one straight block (with a branch between rows, each
@@ -425,6 +419,13 @@ inline size_t local_fma_smem(int64_t S, int C, bool forward, int split) {
   return local_fma_buffer_bytes(S, C, forward) + kLocalBarrierBytes + sums;
 }
 
+// kSplit = 2 (a cluster's S = 128 variant, where its blocks fit): two warps
+// share a tile's product, each half of its turns (warp w of a block's 2n:
+// tile w % n, half w / n), and the first adds the second's sums (through
+// shared memory) and runs the cell. With one warp an SMSP the FMAs issued
+// at about one in 2.7 clocks (H100, S = 128, B8: the step 2.2 us, 1.0
+// without the product; split, 1.65).
+//
 // Named barrier `id` of the two warps of a split tile: the second arrives
 // once its sums are in shared memory, the first waits for it.
 __device__ __forceinline__ void pair_arrive(int id) {
