@@ -88,18 +88,14 @@ using RegChunks = uint2[RC > 0 ? RC : 1][2][NT];
 // Blocks a cluster: sm_90 allows up to 16 (8 portably).
 constexpr int kLocalMaxCluster = 16;
 
-// k of one turn of the FMA product (fma_product): 8 lane groups of 4.
-constexpr int kFmaK = 32;
-
 // Row stride (elements) of a [16, K] state buffer in shared memory: K
-// rounded up to whole chunks (kFma: whole turns; the product reads whole
-// ones, and the padding stays zero), then to 16 bytes past a multiple of
-// 128 so that the eight rows of an ldmatrix (16 bytes each) fall in
-// different banks.
-template <typename T, bool kFma = false>
+// rounded up to whole chunks (the product reads whole chunks; the padding
+// stays zero), then to 16 bytes past a multiple of 128 so that the eight
+// rows of an ldmatrix (16 bytes each) fall in different banks.
+template <typename T>
 __host__ __device__ inline int64_t local_ld(int64_t K) {
-  constexpr int64_t unit = kFma ? kFmaK : kChunk<T>;
-  const int64_t bytes = (K + unit - 1) / unit * unit * static_cast<int64_t>(sizeof(T));
+  const int64_t bytes =
+      (K + kChunk<T> - 1) / kChunk<T> * kChunk<T> * static_cast<int64_t>(sizeof(T));
   const int64_t padded = bytes + (16 - bytes % 128 + 128) % 128;
   return padded / static_cast<int64_t>(sizeof(T));
 }
@@ -387,7 +383,9 @@ __device__ __forceinline__ void zero_shared(T* p, int64_t count) {
 // its k for all of the block's rows, and three rounds of shuffles leave it
 // its own row's (lane / 4) sums: the tensor cores' accumulator layout,
 // whose cell code runs unchanged.
-//
+
+// k of one turn of the FMA product (fma_product): 8 lane groups of 4.
+constexpr int kFmaK = 32;
 // KM turns of k: forward (K = S) 1, 2 or 4 for S up to 32 (one block), 64
 // (a cluster, kSmallK) or 128 (a cluster); backward (K = 3S) three times
 // that. NT column tiles a warp: forward three (the gates), backward one.
@@ -410,7 +408,7 @@ inline int fma_turns(int C, int64_t S) {
 // split's exchange (a tile's 32 lanes' NT pairs of sums).
 inline size_t local_fma_buffer_bytes(int64_t S, int C, bool forward) {
   const int64_t row = (forward ? 1 : 3) * int64_t(kFmaK) * fma_turns(C, S);
-  return 2 * kLocalRowsOf<true> * local_ld<float, true>(row) * sizeof(float);
+  return 2 * kLocalRowsOf<true> * local_ld<float>(row) * sizeof(float);
 }
 inline size_t local_fma_smem(int64_t S, int C, bool forward, int split) {
   const int nt = forward ? 3 * kLocalQ : kLocalQ;
@@ -426,6 +424,18 @@ inline size_t local_fma_smem(int64_t S, int C, bool forward, int split) {
 // at about one in 2.7 clocks (H100, S = 128, B8: the step 2.2 us, 1.0
 // without the product; split, 1.65).
 //
+// This warp's column tile in its block and its half of the tile's turns:
+// warp w of a block's kSplit n takes tile w % n, half w / n.
+template <int kSplit>
+struct TileWarp {
+  int tile, khalf;
+  __device__ __forceinline__ explicit TileWarp(const TileShare& share) {
+    const int w = static_cast<int>(threadIdx.x >> 5);
+    tile = kSplit > 1 ? w % share.per_block : w;
+    khalf = kSplit > 1 ? w / share.per_block : 0;
+  }
+};
+
 // Named barrier `id` of the two warps of a split tile: the second arrives
 // once its sums are in shared memory, the first waits for it.
 __device__ __forceinline__ void pair_arrive(int id) {
@@ -586,7 +596,7 @@ __device__ __forceinline__ void forward_local(int64_t steps, int64_t B, int64_t 
   const int KC = static_cast<int>((S + kChunk<T> - 1) / kChunk<T>), KT = 2 * KC;
   // kFma: the row's turns of k, KM of them this warp's (kSplit warps a tile).
   constexpr int KM = kFma ? kFmaTurns<kCluster, kSmallK> / kSplit : 0;
-  const int64_t ld = kFma ? local_ld<T, true>(KM * kSplit * kFmaK) : local_ld<T>(S);
+  const int64_t ld = local_ld<T>(kFma ? KM * kSplit * kFmaK : S);
   const TileShare share(S, Q);
   const int first = share.first, slices = share.slices;
   uint2* frag = reinterpret_cast<uint2*>(smem);
@@ -616,8 +626,8 @@ __device__ __forceinline__ void forward_local(int64_t steps, int64_t B, int64_t 
 
   // warp: the block's tile of this warp; khalf: its half of a split tile's
   // turns (the second half's warp runs the product only).
-  const int warp = static_cast<int>(threadIdx.x >> 5) % (kSplit > 1 ? share.per_block : 1 << 30);
-  const int khalf = kSplit > 1 ? static_cast<int>(threadIdx.x >> 5) / share.per_block : 0;
+  const TileWarp<kSplit> tw(share);
+  const int warp = tw.tile, khalf = tw.khalf;
   const int lane = threadIdx.x & 31;
   float* scratch = reinterpret_cast<float*>(hbuf + 2 * kRows * ld) + kLocalBarrierBytes / 4;
   const int64_t step_gates = B * 3 * S, step_state = B * S;
@@ -805,7 +815,7 @@ __device__ __forceinline__ void backward_local(int64_t T_, int64_t t0, int64_t t
   const int KC = static_cast<int>((S3 + kChunk<T> - 1) / kChunk<T>), KT = 2 * KC;
   // kFma: the row's turns of k, KM of them this warp's (kSplit warps a tile).
   constexpr int KM = kFma ? 3 * kFmaTurns<kCluster, kSmallK> / kSplit : 0;
-  const int64_t ld = kFma ? local_ld<T, true>(KM * kSplit * kFmaK) : local_ld<T>(S3);
+  const int64_t ld = local_ld<T>(kFma ? KM * kSplit * kFmaK : S3);
   const TileShare share(S, Q);
   const int first = share.first, slices = share.slices;
   uint2* frag = reinterpret_cast<uint2*>(smem);
@@ -838,8 +848,8 @@ __device__ __forceinline__ void backward_local(int64_t T_, int64_t t0, int64_t t
   local_barrier<kCluster>();  // the cluster's buffers are ready before the first step writes them
 
   // warp, khalf: as the forward's.
-  const int warp = static_cast<int>(threadIdx.x >> 5) % (kSplit > 1 ? share.per_block : 1 << 30);
-  const int khalf = kSplit > 1 ? static_cast<int>(threadIdx.x >> 5) / share.per_block : 0;
+  const TileWarp<kSplit> tw(share);
+  const int warp = tw.tile, khalf = tw.khalf;
   const int lane = threadIdx.x & 31;
   float* scratch = reinterpret_cast<float*>(gbuf + 2 * kRows * ld) + kLocalBarrierBytes / 4;
   const bool owner = warp < slices;
