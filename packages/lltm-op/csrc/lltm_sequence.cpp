@@ -200,6 +200,11 @@ struct CpuDev {
     return p;
   }
 
+  // (Never fused on the CPU: the template's call only.)
+  static Tensor transposed(const char*, const Tensor& t, int64_t rows, int64_t cols, int64_t ld) {
+    return torch::stable::contiguous(view_of(t, {cols, rows}, {1, ld}));
+  }
+
   static void zero(Tensor& t) {
     if (t.numel() > 0) std::memset(t.mutable_data_ptr(), 0, t.numel() * t.element_size());
   }

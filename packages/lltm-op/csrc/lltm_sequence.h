@@ -465,7 +465,7 @@ ForwardResult sequence_forward(const Tensor& input_arg, const Tensor& weights_ar
   const Tensor w_xT = view_of(weights, {F, S3}, {1, L}, S);
   // The fused kernels read W_h^T row by row: a contiguous copy, once.
   std::optional<Tensor> w_hT;
-  if (fused) w_hT = torch::stable::contiguous(w_hT_view);
+  if (fused) w_hT = Dev::transposed(op, weights, S3, S, L);
   const int64_t esize = static_cast<int64_t>(like.element_size());
   char* gates = static_cast<char*>(r.gates.mutable_data_ptr());
   char* outs = static_cast<char*>(r.outputs.mutable_data_ptr());

@@ -48,7 +48,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <mutex>
 #include <optional>
+#include <set>
 #include <tuple>
 #include <type_traits>
 #include <vector>
@@ -597,6 +599,31 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// out[c, r] = in[r * ld + c] (r < rows, c < cols; out contiguous): the
+// fused kernels' W_h^T from the weights' first S columns, by element
+// bytes (U: an unsigned integer of the element's size), 32 x 32 tiles
+// through shared memory so that reads and writes are both coalesced.
+// torch's own transposing copy (a dispatcher call) cost 20-30 us of host
+// time a call where the whole sequence took about 100.
+constexpr int kTransposeTile = 32, kTransposeRows = 8;
+template <typename U>
+__global__ void __launch_bounds__(kTransposeTile* kTransposeRows)
+    transpose_kernel(int64_t rows, int64_t cols, int64_t ld, const U* __restrict__ in,
+                     U* __restrict__ out) {
+  __shared__ U tile[kTransposeTile][kTransposeTile + 1];
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTransposeTile;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kTransposeTile;
+  for (int i = threadIdx.y; i < kTransposeTile; i += kTransposeRows) {
+    const int64_t r = r0 + i, c = c0 + threadIdx.x;
+    if (r < rows && c < cols) tile[i][threadIdx.x] = in[r * ld + c];
+  }
+  __syncthreads();
+  for (int i = threadIdx.y; i < kTransposeTile; i += kTransposeRows) {
+    const int64_t c = c0 + i, r = r0 + threadIdx.x;
+    if (r < rows && c < cols) out[c * rows + r] = tile[threadIdx.x][i];
+  }
+}
+
 // Rows of bias partial sums of the cuBLAS-path backward kernel: about one
 // wave of blocks, rows covered by the grid-stride loop.
 int64_t backward_block_rows(int64_t B, int64_t S, int device) {
@@ -654,6 +681,26 @@ struct TcPlan {
   }
 };
 
+// cudaFuncSetAttribute(kernel, attr, value) on the current device, once a
+// (kernel, device, attr, value): a call costs 1.5-3 us of host time, and a
+// call of a sequence op launches up to three kernels.
+template <typename Kernel>
+void set_attribute(Kernel kernel, cudaFuncAttribute attr, int value) {
+  static std::mutex mutex;
+  static std::set<std::tuple<const void*, int, int, int>> done;
+  int device = 0;
+  OPSCOMMON_CUDA_CHECK(cudaGetDevice(&device));
+  const auto key =
+      std::make_tuple(reinterpret_cast<const void*>(kernel), device, static_cast<int>(attr), value);
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (done.count(key) != 0) return;
+  }
+  OPSCOMMON_CUDA_CHECK(cudaFuncSetAttribute(kernel, attr, value));
+  std::lock_guard<std::mutex> lock(mutex);
+  done.insert(key);
+}
+
 // A cluster launch of `kernel` (grid.x blocks a cluster).
 template <typename Kernel>
 cudaLaunchConfig_t cluster_config(Kernel, const dim3& grid, size_t smem, cudaStream_t stream,
@@ -688,10 +735,8 @@ TcPlan::Cluster compute_cluster_plan(int64_t B, int64_t S, int q, int64_t bm, in
   with_q(q, [&](auto qc) {
     constexpr int Q = decltype(qc)::value;
     auto kernel = tc::forward_tc_kernel<T, Q, false, true>;
-    OPSCOMMON_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
-    OPSCOMMON_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    set_attribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin);
+    set_attribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
     const size_t smem = tc::forward_smem<T>(S, Q, bm) + tc::cluster_state_bytes<T>(Q, bm);
     if (smem > static_cast<size_t>(optin)) return;
     const dim3 grid(static_cast<unsigned int>(gx), static_cast<unsigned int>(gy));
@@ -769,8 +814,7 @@ void with_q(int q, F&& f) {
 // (after allowing it the device's opt-in shared memory).
 template <typename Kernel>
 int resident_blocks(Kernel kernel, size_t smem, int smem_optin, int threads = tc::kTcThreads) {
-  OPSCOMMON_CUDA_CHECK(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
+  set_attribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin);
   int per_sm = 0;
   OPSCOMMON_CUDA_CHECK(
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
@@ -839,10 +883,8 @@ int64_t local_max_s(bool forward) {
 template <typename Kernel>
 int resident_clusters(Kernel kernel, int C, int threads, size_t smem, int optin, int sms) {
   if (C == 1) return resident_blocks(kernel, smem, optin, threads) * sms;
-  OPSCOMMON_CUDA_CHECK(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
-  OPSCOMMON_CUDA_CHECK(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  set_attribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin);
+  set_attribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
   cudaLaunchAttribute attr;
   const cudaLaunchConfig_t cfg = cluster_config(kernel, dim3(C), smem, nullptr, &attr, threads);
   int clusters = 0;
@@ -1316,16 +1358,14 @@ struct CudaDev {
     template <typename Kernel, typename... Args>
     void launch_clusters(Kernel kernel, dim3 grid, int threads, size_t smem, Args... args) const {
       allow_optin(kernel);
-      OPSCOMMON_CUDA_CHECK(
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+      set_attribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
       cudaLaunchAttribute attr;
       const cudaLaunchConfig_t cfg = cluster_config(kernel, grid, smem, stream, &attr, threads);
       OPSCOMMON_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, args...));
     }
     template <typename Kernel>
     void allow_optin(Kernel kernel) const {
-      OPSCOMMON_CUDA_CHECK(
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
+      set_attribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin);
     }
   };
 
@@ -1672,6 +1712,42 @@ struct CudaDev {
   }
 
   static void bias_chunk(const Tensor&, Tensor&, const Tensor&) {}  // summed by the step kernels
+
+  // The [cols, rows] transpose, contiguous, of the [rows, cols] matrix at t
+  // (row stride ld, unit column stride): W_h^T for the fused kernels.
+  static Tensor transposed(const char* op, const Tensor& t, int64_t rows, int64_t cols,
+                           int64_t ld) {
+    const int64_t gx = (cols + kTransposeTile - 1) / kTransposeTile;
+    const int64_t gy = (rows + kTransposeTile - 1) / kTransposeTile;
+    if (gy > 65535 || gx > 65535) {
+      return torch::stable::contiguous(view_of(t, {cols, rows}, {1, ld}));
+    }
+    Tensor out = alloc(op, "the transposed recurrent weights", t, {cols, rows});
+    if (rows * cols == 0) return out;
+    const int device = t.get_device();
+    const dim3 grid(static_cast<unsigned int>(gx), static_cast<unsigned int>(gy));
+    const dim3 block(kTransposeTile, kTransposeRows);
+    const cudaStream_t stream = opscommon::current_stream(device);
+    auto run = [&](auto zero) {
+      using U = decltype(zero);
+      transpose_kernel<U><<<grid, block, 0, stream>>>(rows, cols, ld,
+                                                      static_cast<const U*>(t.const_data_ptr()),
+                                                      static_cast<U*>(out.mutable_data_ptr()));
+    };
+    switch (t.element_size()) {
+      case 2:
+        run(uint16_t{});
+        break;
+      case 4:
+        run(uint32_t{});
+        break;
+      default:
+        run(uint64_t{});
+        break;
+    }
+    OPSCOMMON_CUDA_CHECK_LAUNCH();
+    return out;
+  }
 
   // Stream-ordered memset / copy (no dispatcher round trip; graph-capturable).
   static void zero(Tensor& t) {

@@ -278,8 +278,8 @@ _runtime.register_composite_autograd("lltm_op::sequence_backward", _sequence_bac
 
 # -- autograd: one node for the whole sequence -------------------------------------------
 
-_below_autograd = _runtime.below_autograd
 _seq_forward_below_autograd = _runtime.below_autograd_caller(_seq_forward)
+_seq_backward_below_autograd = _runtime.below_autograd_caller(_seq_backward)
 _forward_ad_active = _runtime.forward_ad_active
 _functorch_active = _runtime.functorch_active
 
@@ -342,22 +342,21 @@ def _backward(ctx, grad_outputs, grad_h_n, grad_c_n, _grad_gates=None, _grad_cel
     input, weights, old_h, old_cell, outputs, gates, cells = _saved(ctx)
     # Below autograd: the fused kernel (the op's own derivative, torch ops,
     # is for direct calls; see _NoDoubleBackward for this one's).
-    with _below_autograd():
-        d_input, d_weights, d_bias, d_old_h, d_old_cell = _seq_backward(
-            grad_outputs,
-            grad_h_n,
-            grad_c_n,
-            input,
-            weights,
-            old_h,
-            old_cell,
-            outputs,
-            gates,
-            cells,
-            bool(needs[0]),
-            ctx.allow_tf32,
-            ctx.batch_sizes,
-        )
+    d_input, d_weights, d_bias, d_old_h, d_old_cell = _seq_backward_below_autograd(
+        grad_outputs,
+        grad_h_n,
+        grad_c_n,
+        input,
+        weights,
+        old_h,
+        old_cell,
+        outputs,
+        gates,
+        cells,
+        bool(needs[0]),
+        ctx.allow_tf32,
+        ctx.batch_sizes,
+    )
     grads = [
         d_input if needs[0] else None,
         d_weights if needs[1] else None,
