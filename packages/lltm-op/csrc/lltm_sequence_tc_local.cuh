@@ -578,6 +578,16 @@ struct Places {
 
 // -- forward --------------------------------------------------------------------------------
 //
+// The forward product's independent mma chains (local_product's P): four
+// in a cluster's kSmallK variant (16-bit S <= 128, float32 S <= 64), two
+// elsewhere. Measured (H100, T1024, us a forward step, two rounds each,
+// two chains / four): float16 S = 128 at B8 1.03, 1.01 / 0.84, 0.95 and
+// B256 1.69, 1.56 / 1.58, 1.51; bfloat16 B8 1.25, 1.02 / 1.01, 0.97. Four
+// in the other cluster variants (at 254 registers) were slower at float16
+// S = 512 B8 (2.21, 2.34 / 2.41, 2.46); one block alone spilled with four.
+template <bool kCluster, bool kSmallK>
+constexpr int kForwardChains = kCluster && kSmallK ? 4 : 2;
+
 // kPacked as in forward_tc_kernel: a row runs while it is below the step's
 // batch size and writes h_n / c_n at its own last step. The grid is (C,
 // ceil(B / rows)); kCluster: C > 1, its rows' C blocks one cluster
@@ -714,7 +724,8 @@ __device__ __forceinline__ void forward_local(int64_t steps, int64_t B, int64_t 
         fma_product<KM, NT>(acc, hbuf + ((t + 1) & 1) * kRows * ld + khalf * KM * kFmaK, ld, wf);
         if constexpr (kSplit > 1) combine_halves<NT>(acc, scratch, warp, khalf);
       } else {
-        local_product<T, NT, 2, RC>(acc, a_of_buf + ((t + 1) & 1) * buf_bytes, KC, my_frag, wr);
+        local_product<T, NT, kForwardChains<kCluster, kSmallK>, RC>(
+            acc, a_of_buf + ((t + 1) & 1) * buf_bytes, KC, my_frag, wr);
       }
     }
     if (owner && khalf == 0) {
