@@ -603,8 +603,9 @@ __global__ void __launch_bounds__(kThreads)
 // fused kernels' W_h^T from the weights' first S columns, by element
 // bytes (U: an unsigned integer of the element's size), 32 x 32 tiles
 // through shared memory so that reads and writes are both coalesced.
-// torch's own transposing copy (a dispatcher call) cost 20-30 us of host
-// time a call where the whole sequence took about 100.
+// torch's own transposing copy (contiguous through the dispatcher: clone,
+// empty_like, a TensorIterator copy) was about a quarter of the forward
+// op's host time in a sampled profile (H100 machine, float16 T64 B8 S128).
 constexpr int kTransposeTile = 32, kTransposeRows = 8;
 template <typename U>
 __global__ void __launch_bounds__(kTransposeTile* kTransposeRows)
