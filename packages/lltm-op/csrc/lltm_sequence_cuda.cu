@@ -649,7 +649,7 @@ unsigned int grid_dim(int64_t v, const char* what) {
 struct LocalLaunch {
   bool ok = false;
   bool fma = false;
-  int split = 1;  // fma: warps a column tile
+  int split = 1;  // warps a column tile (fma; the tensor cores' cluster forward)
   int threads = 0;
   dim3 grid;
   size_t smem = 0;
@@ -762,16 +762,27 @@ void with_bool(bool b, F&& f) {
   }
 }
 
-// f(kCluster, kSmallK) for the block-local kernels of state size S: one block
-// or a cluster, and in a cluster whether the product fits the smaller
-// register chunks (tc::local_small_k; a block alone has one variant).
+// f(kCluster, kSmallK, kSplit) for the block-local kernels of state size S:
+// one block or a cluster, in a cluster whether the product fits the smaller
+// register chunks (tc::local_small_k; a block alone has one variant), and
+// past them the forward's warps a column tile (`split`, 1 or 2; see
+// local_forward_split).
 template <typename T, typename F>
-void with_local_variant(bool cluster, int64_t S, bool forward, F&& f) {
+void with_local_variant(bool cluster, int64_t S, bool forward, int split, F&& f) {
+  using One = std::integral_constant<int, 1>;
   with_bool(cluster, [&](auto kc) {
     if constexpr (decltype(kc)::value) {
-      with_bool(tc::local_small_k<T>(S, forward), [&](auto ks) { f(kc, ks); });
+      with_bool(tc::local_small_k<T>(S, forward), [&](auto ks) {
+        if constexpr (!decltype(ks)::value) {
+          if (forward && split == 2) {
+            f(kc, ks, std::integral_constant<int, 2>{});
+            return;
+          }
+        }
+        f(kc, ks, One{});
+      });
     } else {
-      f(kc, std::false_type{});
+      f(kc, std::false_type{}, One{});
     }
   });
 }
@@ -896,6 +907,28 @@ int resident_clusters(Kernel kernel, int C, int threads, size_t smem, int optin,
   return clusters;
 }
 
+// Warps a column tile of the block-local forward on C blocks of `warps`
+// tiles: two (each half the tile's chunks of k; the first adds the
+// second's sums and runs the cell) in a cluster where a warp's chunks pass
+// the 8 it holds in registers (16-bit S > 256, float32 S > 128: each half
+// then in registers, none read from shared memory a step) and the blocks
+// have at most half the warps a cluster's block may, else one. H100,
+// T1024, us a forward step, one warp a tile / two: 16-bit S = 512 B8
+// 2.32-2.44 / 1.97-2.06, B64 3.18-3.31 / 2.76; float32 TF32 S = 256 B8
+// 2.05 / 1.72-1.79, B64 2.73-3.09 / 2.30-2.44. At 8 chunks or fewer two
+// were slower (float32 S = 128 B8 1.00-1.04 / 1.22-1.25; 16-bit S = 192
+// B8 1.09-1.13 / 1.18-1.23) or the same (16-bit S = 256 B64).
+// LLTM_OP_SEQUENCE_LOCAL_SPLIT=1 asks for one (tests, benchmarks).
+template <typename T>
+int local_forward_split(bool forward, int C, int64_t S, int warps) {
+  const int64_t chunks = (S + tc::kChunk<T> - 1) / tc::kChunk<T>;
+  if (!forward || C == 1 || chunks <= tc::kLocalForwardRegChunks<T, true, false> ||
+      2 * warps > tc::kLocalClusterMaxWarps) {
+    return 1;
+  }
+  return env_int("LLTM_OP_SEQUENCE_LOCAL_SPLIT", 2) == 1 ? 1 : 2;
+}
+
 // The block-local launch of one direction, where it applies.
 template <typename T>
 LocalLaunch compute_local_launch(const Dims& d, int device, int sms, int optin, bool forward) {
@@ -933,27 +966,33 @@ LocalLaunch compute_local_launch(const Dims& d, int device, int sms, int optin, 
     if (want > 0 ? C != want : (C == 1 ? tiles > one_block_tiles : warps > cluster_warps)) {
       continue;
     }
-    const size_t smem =
-        forward ? tc::local_forward_smem<T>(d.S, Q, C) : tc::local_backward_smem<T>(d.S, Q, C);
-    if (smem > static_cast<size_t>(optin)) return launch;
-    const int n = 32 * warps;
-    auto resident = [&](auto whole, auto packed) {
-      return std::min(resident_clusters(whole, C, n, smem, optin, sms),
-                      resident_clusters(packed, C, n, smem, optin, sms));
-    };
-    int clusters = 0;
-    with_local_variant<T>(C > 1, d.S, forward, [&](auto kc, auto ks) {
-      constexpr bool kCluster = decltype(kc)::value, kSmallK = decltype(ks)::value;
-      clusters = forward ? resident(tc::forward_tc_local_kernel<T, Q, false, kCluster, kSmallK>,
-                                    tc::forward_tc_local_kernel<T, Q, true, kCluster, kSmallK>)
-                         : resident(tc::backward_tc_local_kernel<T, Q, false, kCluster, kSmallK>,
-                                    tc::backward_tc_local_kernel<T, Q, true, kCluster, kSmallK>);
-    });
-    if (gy > clusters) return launch;
-    launch.ok = true;
-    launch.threads = n;
-    launch.grid = dim3(static_cast<unsigned int>(C), static_cast<unsigned int>(gy));
-    launch.smem = smem;
+    for (int split = local_forward_split<T>(forward, C, d.S, warps); split >= 1; --split) {
+      const size_t smem = forward ? tc::local_forward_smem<T>(d.S, Q, C, split)
+                                  : tc::local_backward_smem<T>(d.S, Q, C);
+      if (smem > static_cast<size_t>(optin)) continue;
+      const int n = 32 * warps * split;
+      auto resident = [&](auto whole, auto packed) {
+        return std::min(resident_clusters(whole, C, n, smem, optin, sms),
+                        resident_clusters(packed, C, n, smem, optin, sms));
+      };
+      int clusters = 0;
+      with_local_variant<T>(C > 1, d.S, forward, split, [&](auto kc, auto ks, auto kp) {
+        constexpr bool kCluster = decltype(kc)::value, kSmallK = decltype(ks)::value;
+        constexpr int kSplit = decltype(kp)::value;
+        clusters =
+            forward ? resident(tc::forward_tc_local_kernel<T, Q, false, kCluster, kSmallK, kSplit>,
+                               tc::forward_tc_local_kernel<T, Q, true, kCluster, kSmallK, kSplit>)
+                    : resident(tc::backward_tc_local_kernel<T, Q, false, kCluster, kSmallK>,
+                               tc::backward_tc_local_kernel<T, Q, true, kCluster, kSmallK>);
+      });
+      if (gy > clusters) continue;
+      launch.ok = true;
+      launch.split = split;
+      launch.threads = n;
+      launch.grid = dim3(static_cast<unsigned int>(C), static_cast<unsigned int>(gy));
+      launch.smem = smem;
+      return launch;
+    }
     return launch;
   }
   return launch;
@@ -1130,19 +1169,20 @@ TcPlan tc_plan(const Tensor& like, const Dims& d) {
   // block-local ones would run.
   const bool local = env_int("LLTM_OP_SEQUENCE_LOCAL", 1) != 0;
   const int64_t cluster = env_int("LLTM_OP_SEQUENCE_LOCAL_CLUSTER", 0);
+  const int64_t split = env_int("LLTM_OP_SEQUENCE_LOCAL_SPLIT", 0);
   struct Key {
     int device;
     ST st;
     int64_t B, S;
     bool local;
-    int64_t cluster;
+    int64_t cluster, split;
     bool fma;
     bool operator==(const Key& o) const {
       return device == o.device && st == o.st && B == o.B && S == o.S && local == o.local &&
-             cluster == o.cluster && fma == o.fma;
+             cluster == o.cluster && split == o.split && fma == o.fma;
     }
   };
-  return remembered<TcPlan>(Key{device, st, d.B, d.S, local, cluster, fma}, [&] {
+  return remembered<TcPlan>(Key{device, st, d.B, d.S, local, cluster, split, fma}, [&] {
     return fma                  ? compute_fma_plan(d, device, local)
            : st == ST::Half     ? compute_tc_plan<opscommon::Half>(d, device, local)
            : st == ST::BFloat16 ? compute_tc_plan<opscommon::BFloat16>(d, device, local)
@@ -1413,10 +1453,11 @@ struct CudaDev {
             return;
           }
         }
-        with_local_variant<T>(l.grid.x > 1, a.S, true, [&](auto kc, auto ks) {
+        with_local_variant<T>(l.grid.x > 1, a.S, true, l.split, [&](auto kc, auto ks, auto kp) {
           constexpr bool kCluster = decltype(kc)::value, kSmallK = decltype(ks)::value;
-          run(packed ? tc::forward_tc_local_kernel<T, Q, true, kCluster, kSmallK>
-                     : tc::forward_tc_local_kernel<T, Q, false, kCluster, kSmallK>);
+          constexpr int kSplit = decltype(kp)::value;
+          run(packed ? tc::forward_tc_local_kernel<T, Q, true, kCluster, kSmallK, kSplit>
+                     : tc::forward_tc_local_kernel<T, Q, false, kCluster, kSmallK, kSplit>);
         });
       }
     });
@@ -1450,7 +1491,7 @@ struct CudaDev {
             return;
           }
         }
-        with_local_variant<T>(l.grid.x > 1, a.S, false, [&](auto kc, auto ks) {
+        with_local_variant<T>(l.grid.x > 1, a.S, false, 1, [&](auto kc, auto ks, auto) {
           constexpr bool kCluster = decltype(kc)::value, kSmallK = decltype(ks)::value;
           run(packed ? tc::backward_tc_local_kernel<T, Q, true, kCluster, kSmallK>
                      : tc::backward_tc_local_kernel<T, Q, false, kCluster, kSmallK>);

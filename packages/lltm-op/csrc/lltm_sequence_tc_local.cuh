@@ -128,10 +128,14 @@ constexpr int kLocalQ = 1;
 
 // After the two state buffers: their mbarriers (clusters).
 constexpr size_t kLocalBarrierBytes = 2 * sizeof(uint64_t);
+// split > 1 (see forward_local): after the mbarriers, the split's exchange
+// (a tile's 32 lanes' 3Q tiles of 4 sums).
 template <typename T>
-inline size_t local_forward_smem(int64_t S, int Q, int C) {
-  return local_block_tiles(S, Q, C) * weight_bytes(k_tiles<T>(S), 3 * Q) +
-         2 * kLocalRows * local_ld<T>(S) * sizeof(T) + kLocalBarrierBytes;
+inline size_t local_forward_smem(int64_t S, int Q, int C, int split = 1) {
+  const int tiles = local_block_tiles(S, Q, C);
+  const size_t sums = split > 1 ? tiles * 32 * 3 * Q * 4 * sizeof(float) : 0;
+  return tiles * weight_bytes(k_tiles<T>(S), 3 * Q) + 2 * kLocalRows * local_ld<T>(S) * sizeof(T) +
+         kLocalBarrierBytes + sums;
 }
 // Two dG buffers: the step's and the next's.
 template <typename T>
@@ -422,7 +426,9 @@ inline size_t local_fma_smem(int64_t S, int C, bool forward, int split) {
 // tile w % n, half w / n), and the first adds the second's sums (through
 // shared memory) and runs the cell. With one warp an SMSP the FMAs issued
 // at about one in 2.7 clocks (H100, S = 128, B8: the step 2.2 us, 1.0
-// without the product; split, 1.65).
+// without the product; split, 1.65). The tensor cores' cluster forward
+// splits a tile's chunks of k the same way where they pass the 8 a warp
+// holds in registers (16-bit S = 512 B8: 2.3-2.4 us a step, 2.0 split).
 //
 // This warp's column tile in its block and its half of the tile's turns:
 // warp w of a block's kSplit n takes tile w % n, half w / n.
@@ -444,24 +450,41 @@ __device__ __forceinline__ void pair_arrive(int id) {
 __device__ __forceinline__ void pair_sync(int id) {
   asm volatile("bar.sync %0, 64;" ::"r"(id) : "memory");
 }
-// The split's sums of tile `tile` (NT tiles of pairs a lane) at `scratch`:
-// the second warp (khalf 1) stores its acc, the first adds them to its own.
-template <int NT>
+// The split's sums of tile `tile` (NT tiles of E elements a lane: 2, the
+// FMA product's one row half; 4, the tensor cores' two) at `scratch`: the
+// second warp (khalf 1) stores its acc, the first adds them to its own.
+template <int NT, int E>
 __device__ __forceinline__ void combine_halves(float (&acc)[NT][4], float* scratch, int tile,
                                                int khalf) {
+  static_assert(E == 2 || E == 4, "one or both row halves");
   const int lane = threadIdx.x & 31;
-  float2* at = reinterpret_cast<float2*>(scratch) + (tile * 32 + lane) * NT;
+  float* at = scratch + (tile * 32 + lane) * NT * E;
   if (khalf) {
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) at[nt] = make_float2(acc[nt][0], acc[nt][1]);
+    for (int nt = 0; nt < NT; ++nt) {
+      if constexpr (E == 4) {
+        reinterpret_cast<float4*>(at)[nt] =
+            make_float4(acc[nt][0], acc[nt][1], acc[nt][2], acc[nt][3]);
+      } else {
+        reinterpret_cast<float2*>(at)[nt] = make_float2(acc[nt][0], acc[nt][1]);
+      }
+    }
     pair_arrive(1 + tile);
   } else {
     pair_sync(1 + tile);
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
-      const float2 v = at[nt];
-      acc[nt][0] += v.x;
-      acc[nt][1] += v.y;
+      if constexpr (E == 4) {
+        const float4 v = reinterpret_cast<const float4*>(at)[nt];
+        acc[nt][0] += v.x;
+        acc[nt][1] += v.y;
+        acc[nt][2] += v.z;
+        acc[nt][3] += v.w;
+      } else {
+        const float2 v = reinterpret_cast<const float2*>(at)[nt];
+        acc[nt][0] += v.x;
+        acc[nt][1] += v.y;
+      }
     }
   }
 }
@@ -643,10 +666,14 @@ __device__ __forceinline__ void forward_local(int64_t steps, int64_t B, int64_t 
   const int64_t step_gates = B * 3 * S, step_state = B * S;
   const bool owner = warp < slices;
   if (kCluster && !owner) return;  // no tiles: no step waits for this warp
-  const uint2* my_frag = frag + warp * KT * NT * 32;
+  // Tensor cores, kSplit = 2: the warp's half of the tile's chunks, kc0 ..
+  // kc0 + kcn - 1 (weight fragments, and 64 bytes of a state row, a chunk).
+  const int kc0 = kSplit > 1 && !kFma ? khalf * ((KC + 1) / 2) : 0;
+  const int kcn = kSplit > 1 && !kFma ? (khalf ? KC - kc0 : (KC + 1) / 2) : KC;
+  const uint2* my_frag = frag + warp * KT * NT * 32 + kc0 * 2 * NT * 32;
   constexpr int RC = kFma ? 0 : kLocalForwardRegChunks<T, kCluster, kSmallK>;
   RegChunks<RC, NT> wr;
-  if (owner && !kFma) load_reg_chunks<NT, RC>(wr, my_frag, KC);
+  if (owner && !kFma) load_reg_chunks<NT, RC>(wr, my_frag, kcn);
   const Places<Q> at(B, S, r0, ld, first + warp, lane);
   // kFma: gate g's columns as tile g * Q + q.
   FmaWeights<KM, NT> wf;
@@ -656,7 +683,7 @@ __device__ __forceinline__ void forward_local(int64_t steps, int64_t B, int64_t 
       return j < S ? to_acc(w_hT[k * 3 * S + (nt / Q) * S + j]) : 0.f;
     });
   }
-  const uint32_t a_of_buf = a_lane<T>(shared_address(hbuf), ld, lane);
+  const uint32_t a_of_buf = a_lane<T>(shared_address(hbuf), ld, lane) + 64 * kc0;
   const uint32_t buf_bytes = static_cast<uint32_t>(kRows * ld * sizeof(T));
 
   float c_reg[2][Q][2] = {}, b_reg[Q][3][2] = {};
@@ -722,10 +749,11 @@ __device__ __forceinline__ void forward_local(int64_t steps, int64_t B, int64_t 
     if (owner) {
       if constexpr (kFma) {
         fma_product<KM, NT>(acc, hbuf + ((t + 1) & 1) * kRows * ld + khalf * KM * kFmaK, ld, wf);
-        if constexpr (kSplit > 1) combine_halves<NT>(acc, scratch, warp, khalf);
+        if constexpr (kSplit > 1) combine_halves<NT, 2>(acc, scratch, warp, khalf);
       } else {
         local_product<T, NT, kForwardChains<kCluster, kSmallK>, RC>(
-            acc, a_of_buf + ((t + 1) & 1) * buf_bytes, KC, my_frag, wr);
+            acc, a_of_buf + ((t + 1) & 1) * buf_bytes, kcn, my_frag, wr);
+        if constexpr (kSplit > 1) combine_halves<NT, 4>(acc, scratch, warp, khalf);
       }
     }
     if (owner && khalf == 0) {
@@ -784,13 +812,16 @@ __device__ __forceinline__ void forward_local(int64_t steps, int64_t B, int64_t 
   }
 }
 
-template <typename T, int Q, bool kPacked, bool kCluster, bool kSmallK>
+// kSplit = 2: two warps a tile, each half its chunks of k (a cluster's
+// forward past the 8 chunks a warp holds in registers; see
+// local_forward_split in lltm_sequence_cuda.cu).
+template <typename T, int Q, bool kPacked, bool kCluster, bool kSmallK, int kSplit>
 __global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
     forward_tc_local_kernel(int64_t steps, int64_t B, int64_t S, T* gates, const T* bias,
                             const T* h0, const T* w_hT, const T* c0, T* outs, T* cells, T* h_n,
                             T* c_n, const int64_t* bs) {
-  forward_local<T, Q, kPacked, kCluster, kSmallK, false, 1>(steps, B, S, gates, bias, h0, w_hT, c0,
-                                                            outs, cells, h_n, c_n, bs);
+  forward_local<T, Q, kPacked, kCluster, kSmallK, false, kSplit>(steps, B, S, gates, bias, h0, w_hT,
+                                                                 c0, outs, cells, h_n, c_n, bs);
 }
 // Full float32 (no TF32): the product on the FMA units, kSplit warps a tile.
 template <bool kPacked, bool kCluster, bool kSmallK, int kSplit>
@@ -956,7 +987,7 @@ __device__ __forceinline__ void backward_local(int64_t T_, int64_t t0, int64_t t
     if (owner && (kPacked ? r0 < n_next : !last)) {
       if constexpr (kFma) {
         fma_product<KM, NT>(acc, gbuf + ((t + 1) & 1) * kRows * ld + khalf * KM * kFmaK, ld, wf);
-        if constexpr (kSplit > 1) combine_halves<NT>(acc, scratch, warp, khalf);
+        if constexpr (kSplit > 1) combine_halves<NT, 2>(acc, scratch, warp, khalf);
       } else {
         local_product<T, NT, 4, RC>(acc, a_of_buf + ((t + 1) & 1) * buf_bytes, KC, my_frag, wr);
       }

@@ -1003,7 +1003,8 @@ def test_cuda_tensor_core_kernels_run_and_match_the_reference(dtype, size):
     ids=str,
 )
 @pytest.mark.parametrize("packed", [False, True], ids=["whole", "packed"])
-def test_cuda_block_local_clusters_match_the_reference(dtype, C, S, packed):
+@pytest.mark.parametrize("split", [1, 2], ids=["one_warp_a_tile", "two_warps_a_tile"])
+def test_cuda_block_local_clusters_match_the_reference(dtype, C, S, packed, split):
     """The block-local kernels with their columns over a cluster of C blocks
     (LLTM_OP_SEQUENCE_LOCAL_CLUSTER=C, sm_90), each block its share of the
     column tiles (some none: S = 40 over 8 blocks, 200 over 16) and the
@@ -1011,12 +1012,19 @@ def test_cuda_block_local_clusters_match_the_reference(dtype, C, S, packed):
     block waiting on its own mbarrier): both directions run block-locally
     and match float64, with packed rows (lengths of 0, rows ending inside a
     tile), B = 37 (a part-filled block), two backward chunks. S = 512 over
-    16 blocks is the rule's 16-bit forward there."""
+    16 blocks is the rule's 16-bit forward there. Past 8 chunks of k
+    (16-bit S > 256, float32 S > 128) with at most 4 tiles a block, the
+    forward runs on two warps a tile (each half of k) unless
+    LLTM_OP_SEQUENCE_LOCAL_SPLIT=1: both are checked, and which ran."""
     need("cuda")
     if C > 1 and torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("thread-block clusters need sm_90 or newer")
     if dtype == torch.float32 and S > 256:
         pytest.skip("float32 at S = 512 does not fit 16 blocks' shared memory")
+    tiles_a_block = math.ceil(math.ceil(S / 8) / C)
+    splits = C > 1 and S > (128 if dtype == torch.float32 else 256) and 2 * tiles_a_block <= 8
+    if split == 1 and not splits:
+        pytest.skip("one variant here: the forward's split does not apply")
     if torch.cuda.get_device_capability()[0] < 8:
         pytest.skip("the tensor-core kernels need sm_80 or newer")
     T, B, F = 5, 37, 6
@@ -1032,12 +1040,19 @@ def test_cuda_block_local_clusters_match_the_reference(dtype, C, S, packed):
         torch.autograd.backward(out, [g.to("cuda", dtype) for g in grads])
 
     with (
-        env(LLTM_OP_SEQUENCE_TENSOR_CORES="1", LLTM_OP_SEQUENCE_LOCAL_CLUSTER=C, LLTM_OP_SEQUENCE_CHUNKS=2),
+        env(
+            LLTM_OP_SEQUENCE_TENSOR_CORES="1",
+            LLTM_OP_SEQUENCE_LOCAL_CLUSTER=C,
+            LLTM_OP_SEQUENCE_LOCAL_SPLIT=split,
+            LLTM_OP_SEQUENCE_CHUNKS=2,
+        ),
         tf32_matmul(True),
     ):
         names = _cuda_kernel_names(run)
     assert count_tc(names, "forward", True) == 1, names
     assert count_tc(names, "backward", True) == 2, names
+    forward = [m.group(0) for n in names if (m := re.search(r"forward_tc_local_kernel<[^>]*>", n))]
+    assert [f.endswith(", 2>") for f in forward] == [splits and split == 2], forward
     limit = {torch.float16: 1e-2, torch.bfloat16: 3e-2, torch.float32: 5e-3}[dtype]
     assert_packed_run_matches(out, args, ref, ref_args, grads, lengths, limit)
 
