@@ -762,41 +762,18 @@ void with_bool(bool b, F&& f) {
   }
 }
 
-// f(kCluster, kSmallK, kSplit) for the block-local kernels of state size S:
-// one block or a cluster, in a cluster whether the product fits the smaller
-// register chunks (tc::local_small_k; a block alone has one variant), and
-// past them the forward's warps a column tile (`split`, 1 or 2; see
-// local_forward_split).
-template <typename T, typename F>
-void with_local_variant(bool cluster, int64_t S, bool forward, int split, F&& f) {
-  using One = std::integral_constant<int, 1>;
-  with_bool(cluster, [&](auto kc) {
-    if constexpr (decltype(kc)::value) {
-      with_bool(tc::local_small_k<T>(S, forward), [&](auto ks) {
-        if constexpr (!decltype(ks)::value) {
-          if (forward && split == 2) {
-            f(kc, ks, std::integral_constant<int, 2>{});
-            return;
-          }
-        }
-        f(kc, ks, One{});
-      });
-    } else {
-      f(kc, std::false_type{}, One{});
-    }
-  });
-}
-
-// f(kCluster, kSmallK, kSplit) for full float32's block-local kernels
-// (tc::forward_fma_local_kernel): one block, or a cluster whose product
-// holds the weights of S up to 64 (kSmallK) or 128, the latter on `split`
-// warps a tile (1 or 2).
+// f(kCluster, kSmallK, kSplit) for the block-local kernels (the tensor
+// cores' and full float32's): one block or a cluster, in a cluster whether
+// the product fits the smaller register chunks (`small_k`: tc::local_small_k
+// or tc::fma_small_k; a block alone has one variant), and past
+// them the warps a column tile (`split`, 1 or 2: local_forward_split,
+// compute_fma_local_launch).
 template <typename F>
-void with_fma_variant(bool cluster, int64_t S, int split, F&& f) {
+void with_local_variant(bool cluster, bool small_k, int split, F&& f) {
   using One = std::integral_constant<int, 1>;
   with_bool(cluster, [&](auto kc) {
     if constexpr (decltype(kc)::value) {
-      with_bool(S <= tc::kFmaMaxS<true, true>, [&](auto ks) {
+      with_bool(small_k, [&](auto ks) {
         if constexpr (decltype(ks)::value) {
           f(kc, ks, One{});
         } else if (split == 2) {
@@ -976,15 +953,17 @@ LocalLaunch compute_local_launch(const Dims& d, int device, int sms, int optin, 
                         resident_clusters(packed, C, n, smem, optin, sms));
       };
       int clusters = 0;
-      with_local_variant<T>(C > 1, d.S, forward, split, [&](auto kc, auto ks, auto kp) {
-        constexpr bool kCluster = decltype(kc)::value, kSmallK = decltype(ks)::value;
-        constexpr int kSplit = decltype(kp)::value;
-        clusters =
-            forward ? resident(tc::forward_tc_local_kernel<T, Q, false, kCluster, kSmallK, kSplit>,
+      with_local_variant(
+          C > 1, tc::local_small_k<T>(d.S, forward), split, [&](auto kc, auto ks, auto kp) {
+            constexpr bool kCluster = decltype(kc)::value, kSmallK = decltype(ks)::value;
+            constexpr int kSplit = decltype(kp)::value;
+            clusters =
+                forward
+                    ? resident(tc::forward_tc_local_kernel<T, Q, false, kCluster, kSmallK, kSplit>,
                                tc::forward_tc_local_kernel<T, Q, true, kCluster, kSmallK, kSplit>)
                     : resident(tc::backward_tc_local_kernel<T, Q, false, kCluster, kSmallK>,
                                tc::backward_tc_local_kernel<T, Q, true, kCluster, kSmallK>);
-      });
+          });
       if (gy > clusters) continue;
       launch.ok = true;
       launch.split = split;
@@ -1021,7 +1000,7 @@ LocalLaunch compute_fma_local_launch(const Dims& d, int device, int sms, int opt
   if (gy > 65535 || d.B * 3 * d.S >= (int64_t(1) << 31)) return launch;
   const int max_c = opscommon::compute_capability_major(device) >= 9 ? tc::kLocalMaxCluster : 1;
   const int64_t want = env_int("LLTM_OP_SEQUENCE_LOCAL_CLUSTER", 0);
-  int C = d.S <= tc::kFmaMaxS<false, false> ? 1 : d.S <= tc::kFmaMaxS<true, true> ? 2 : 4;
+  int C = d.S <= tc::kFmaMaxS<false, false> ? 1 : tc::fma_small_k(d.S) ? 2 : 4;
   if (want > 0) C = static_cast<int>(want);
   const int warps = tc::local_block_tiles(d.S, Q, C);
   if (C > max_c || (C & (C - 1)) != 0 || warps > kLocalClusterWarps ||
@@ -1034,12 +1013,12 @@ LocalLaunch compute_fma_local_launch(const Dims& d, int device, int sms, int opt
   // Two warps a tile at S > 64 where all their clusters fit (at 168
   // registers a thread, one block a multiprocessor), else one.
   for (int split : {2, 1}) {
-    if (split == 2 && (C == 1 || d.S <= tc::kFmaMaxS<true, true>)) continue;
+    if (split == 2 && (C == 1 || tc::fma_small_k(d.S))) continue;
     const size_t smem = tc::local_fma_smem(d.S, C, forward, split);
     if (smem > static_cast<size_t>(optin)) continue;
     const int n = 32 * warps * split;
     int clusters = 0;
-    with_fma_variant(C > 1, d.S, split, [&](auto kc, auto ks, auto kp) {
+    with_local_variant(C > 1, tc::fma_small_k(d.S), split, [&](auto kc, auto ks, auto kp) {
       constexpr bool kCluster = decltype(kc)::value, kSmallK = decltype(ks)::value;
       constexpr int kSplit = decltype(kp)::value;
       auto resident = [&](auto whole, auto packed) {
@@ -1444,21 +1423,23 @@ struct CudaDev {
         const bool packed = a.batch_sizes != nullptr;
         if constexpr (std::is_same_v<T, float>) {
           if (l.fma) {
-            with_fma_variant(l.grid.x > 1, a.S, l.split, [&](auto kc, auto ks, auto kp) {
-              constexpr bool kCluster = decltype(kc)::value, kSmallK = decltype(ks)::value;
-              constexpr int kSplit = decltype(kp)::value;
-              run(packed ? tc::forward_fma_local_kernel<true, kCluster, kSmallK, kSplit>
-                         : tc::forward_fma_local_kernel<false, kCluster, kSmallK, kSplit>);
-            });
+            with_local_variant(
+                l.grid.x > 1, tc::fma_small_k(a.S), l.split, [&](auto kc, auto ks, auto kp) {
+                  constexpr bool kCluster = decltype(kc)::value, kSmallK = decltype(ks)::value;
+                  constexpr int kSplit = decltype(kp)::value;
+                  run(packed ? tc::forward_fma_local_kernel<true, kCluster, kSmallK, kSplit>
+                             : tc::forward_fma_local_kernel<false, kCluster, kSmallK, kSplit>);
+                });
             return;
           }
         }
-        with_local_variant<T>(l.grid.x > 1, a.S, true, l.split, [&](auto kc, auto ks, auto kp) {
-          constexpr bool kCluster = decltype(kc)::value, kSmallK = decltype(ks)::value;
-          constexpr int kSplit = decltype(kp)::value;
-          run(packed ? tc::forward_tc_local_kernel<T, Q, true, kCluster, kSmallK, kSplit>
-                     : tc::forward_tc_local_kernel<T, Q, false, kCluster, kSmallK, kSplit>);
-        });
+        with_local_variant(
+            l.grid.x > 1, tc::local_small_k<T>(a.S, true), l.split, [&](auto kc, auto ks, auto kp) {
+              constexpr bool kCluster = decltype(kc)::value, kSmallK = decltype(ks)::value;
+              constexpr int kSplit = decltype(kp)::value;
+              run(packed ? tc::forward_tc_local_kernel<T, Q, true, kCluster, kSmallK, kSplit>
+                         : tc::forward_tc_local_kernel<T, Q, false, kCluster, kSmallK, kSplit>);
+            });
       }
     });
     return true;
@@ -1482,20 +1463,22 @@ struct CudaDev {
         const bool packed = a.batch_sizes != nullptr;
         if constexpr (std::is_same_v<T, float>) {
           if (l.fma) {
-            with_fma_variant(l.grid.x > 1, a.S, l.split, [&](auto kc, auto ks, auto kp) {
-              constexpr bool kCluster = decltype(kc)::value, kSmallK = decltype(ks)::value;
-              constexpr int kSplit = decltype(kp)::value;
-              run(packed ? tc::backward_fma_local_kernel<true, kCluster, kSmallK, kSplit>
-                         : tc::backward_fma_local_kernel<false, kCluster, kSmallK, kSplit>);
-            });
+            with_local_variant(
+                l.grid.x > 1, tc::fma_small_k(a.S), l.split, [&](auto kc, auto ks, auto kp) {
+                  constexpr bool kCluster = decltype(kc)::value, kSmallK = decltype(ks)::value;
+                  constexpr int kSplit = decltype(kp)::value;
+                  run(packed ? tc::backward_fma_local_kernel<true, kCluster, kSmallK, kSplit>
+                             : tc::backward_fma_local_kernel<false, kCluster, kSmallK, kSplit>);
+                });
             return;
           }
         }
-        with_local_variant<T>(l.grid.x > 1, a.S, false, 1, [&](auto kc, auto ks, auto) {
-          constexpr bool kCluster = decltype(kc)::value, kSmallK = decltype(ks)::value;
-          run(packed ? tc::backward_tc_local_kernel<T, Q, true, kCluster, kSmallK>
-                     : tc::backward_tc_local_kernel<T, Q, false, kCluster, kSmallK>);
-        });
+        with_local_variant(
+            l.grid.x > 1, tc::local_small_k<T>(a.S, false), l.split, [&](auto kc, auto ks, auto) {
+              constexpr bool kCluster = decltype(kc)::value, kSmallK = decltype(ks)::value;
+              run(packed ? tc::backward_tc_local_kernel<T, Q, true, kCluster, kSmallK>
+                         : tc::backward_tc_local_kernel<T, Q, false, kCluster, kSmallK>);
+            });
       }
     });
     return true;

@@ -128,14 +128,17 @@ constexpr int kLocalQ = 1;
 
 // After the two state buffers: their mbarriers (clusters).
 constexpr size_t kLocalBarrierBytes = 2 * sizeof(uint64_t);
-// split > 1 (see forward_local): after the mbarriers, the split's exchange
-// (a tile's 32 lanes' 3Q tiles of 4 sums).
+// The split's exchange (see combine_halves) of a block's `tiles` column
+// tiles: each tile's 32 lanes' NT tiles of E sums; none without a split.
+inline size_t split_sums_bytes(int split, int tiles, int NT, int E) {
+  return split > 1 ? static_cast<size_t>(tiles) * 32 * NT * E * sizeof(float) : 0;
+}
+// split > 1 (see forward_local): after the mbarriers, the split's exchange.
 template <typename T>
 inline size_t local_forward_smem(int64_t S, int Q, int C, int split = 1) {
   const int tiles = local_block_tiles(S, Q, C);
-  const size_t sums = split > 1 ? tiles * 32 * 3 * Q * 4 * sizeof(float) : 0;
   return tiles * weight_bytes(k_tiles<T>(S), 3 * Q) + 2 * kLocalRows * local_ld<T>(S) * sizeof(T) +
-         kLocalBarrierBytes + sums;
+         kLocalBarrierBytes + split_sums_bytes(split, tiles, 3 * Q, 4);
 }
 // Two dG buffers: the step's and the next's.
 template <typename T>
@@ -398,11 +401,14 @@ constexpr int kFmaTurns = kCluster ? (kSmallK ? 2 : 4) : 1;
 // The largest state size of a variant.
 template <bool kCluster, bool kSmallK>
 constexpr int64_t kFmaMaxS = int64_t(kFmaK) * kFmaTurns<kCluster, kSmallK>;
+// Whether a cluster's product of state size S fits the kSmallK variant (as
+// local_small_k for the tensor cores').
+inline bool fma_small_k(int64_t S) { return S <= kFmaMaxS<true, true>; }
 // The forward's turns of C blocks a cluster at state size S (the variant
-// with_fma_variant picks).
+// with_local_variant picks).
 inline int fma_turns(int C, int64_t S) {
   return C == 1 ? kFmaTurns<false, false>
-                : (S <= kFmaMaxS<true, true> ? kFmaTurns<true, true> : kFmaTurns<true, false>);
+                : (fma_small_k(S) ? kFmaTurns<true, true> : kFmaTurns<true, false>);
 }
 // The state buffers' rows hold every turn the product reads (the padding
 // zero): no branch on K or on the rows in the product, whose loads and
@@ -416,9 +422,8 @@ inline size_t local_fma_buffer_bytes(int64_t S, int C, bool forward) {
 }
 inline size_t local_fma_smem(int64_t S, int C, bool forward, int split) {
   const int nt = forward ? 3 * kLocalQ : kLocalQ;
-  const size_t sums =
-      split > 1 ? local_block_tiles(S, kLocalQ, C) * 32 * nt * 2 * sizeof(float) : 0;
-  return local_fma_buffer_bytes(S, C, forward) + kLocalBarrierBytes + sums;
+  return local_fma_buffer_bytes(S, C, forward) + kLocalBarrierBytes +
+         split_sums_bytes(split, local_block_tiles(S, kLocalQ, C), nt, 2);
 }
 
 // kSplit = 2 (a cluster's S = 128 variant, where its blocks fit): two warps

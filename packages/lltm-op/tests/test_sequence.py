@@ -1021,7 +1021,7 @@ def test_cuda_block_local_clusters_match_the_reference(dtype, C, S, packed, spli
         pytest.skip("thread-block clusters need sm_90 or newer")
     if dtype == torch.float32 and S > 256:
         pytest.skip("float32 at S = 512 does not fit 16 blocks' shared memory")
-    tiles_a_block = math.ceil(math.ceil(S / 8) / C)
+    tiles_a_block = ((S + 7) // 8 + C - 1) // C
     splits = C > 1 and S > (128 if dtype == torch.float32 else 256) and 2 * tiles_a_block <= 8
     if split == 1 and not splits:
         pytest.skip("one variant here: the forward's split does not apply")
