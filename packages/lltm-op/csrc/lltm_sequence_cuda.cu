@@ -906,6 +906,18 @@ int local_forward_split(bool forward, int C, int64_t S, int warps) {
   return env_int("LLTM_OP_SEQUENCE_LOCAL_SPLIT", 2) == 1 ? 1 : 2;
 }
 
+// The global-barrier kernels' kHalfRows variants (lltm_sequence_tc.cuh):
+// 16-bit types (float32 on TF32 unmeasured with them).
+template <typename T>
+constexpr bool kHalfRowsKernels = sizeof(T) == 2;
+// Whether a whole (not packed) batch of B rows runs them: B <= 8, one row
+// tile whose second half is past the batch. LLTM_OP_SEQUENCE_HALF_ROWS=0
+// turns them off (benchmarks).
+template <typename T>
+bool half_rows(int64_t B, bool packed) {
+  return kHalfRowsKernels<T> && B <= 8 && !packed && env_int("LLTM_OP_SEQUENCE_HALF_ROWS", 1) != 0;
+}
+
 // The block-local launch of one direction, where it applies.
 template <typename T>
 LocalLaunch compute_local_launch(const Dims& d, int device, int sms, int optin, bool forward) {
@@ -1082,11 +1094,16 @@ TcPlan compute_tc_plan(const Dims& d, int device, bool local) {
       with_q(q, [&](auto qc) {
         constexpr int Q = decltype(qc)::value;
         // The packed variants use as many registers or more: the plan holds
-        // for both.
+        // for both (and for the half-rows ones, see half_rows).
         per_sm = std::min({resident_blocks(tc::forward_tc_kernel<T, Q, false>, sf, optin),
                            resident_blocks(tc::backward_tc_kernel<T, Q, false>, sb, optin),
                            resident_blocks(tc::forward_tc_kernel<T, Q, true>, sf, optin),
                            resident_blocks(tc::backward_tc_kernel<T, Q, true>, sb, optin)});
+        if constexpr (kHalfRowsKernels<T>) {
+          per_sm = std::min(
+              {per_sm, resident_blocks(tc::forward_tc_kernel<T, Q, false, false, true>, sf, optin),
+               resident_blocks(tc::backward_tc_kernel<T, Q, false, true>, sb, optin)});
+        }
       });
       const int64_t blocks = gx * gy;
       if (gy > 65535 || blocks > static_cast<int64_t>(per_sm) * sms) continue;
@@ -1533,6 +1550,11 @@ struct CudaDev {
           constexpr int Q = decltype(qc)::value;
           auto kernel = a.batch_sizes != nullptr ? tc::forward_tc_kernel<T, Q, true>
                                                  : tc::forward_tc_kernel<T, Q, false>;
+          if constexpr (kHalfRowsKernels<T>) {
+            if (half_rows<T>(a.B, a.batch_sizes != nullptr)) {
+              kernel = tc::forward_tc_kernel<T, Q, false, false, true>;
+            }
+          }
           s.launch(kernel, p.grid, tc::kTcThreads, p.smem_forward, a.T, a.B, a.S, p.bm,
                    static_cast<T*>(f.gates), static_cast<const T*>(f.bias),
                    static_cast<const T*>(h0), static_cast<const T*>(f.w_hT),
@@ -1556,6 +1578,11 @@ struct CudaDev {
           constexpr int Q = decltype(qc)::value;
           auto kernel = a.batch_sizes != nullptr ? tc::backward_tc_kernel<T, Q, true>
                                                  : tc::backward_tc_kernel<T, Q, false>;
+          if constexpr (kHalfRowsKernels<T>) {
+            if (half_rows<T>(a.B, a.batch_sizes != nullptr)) {
+              kernel = tc::backward_tc_kernel<T, Q, false, true>;
+            }
+          }
           s.launch(kernel, p.grid, tc::kTcThreads, p.smem_backward, a.T, a.t0, a.t1, a.K, a.B, a.S,
                    p.bm, static_cast<const T*>(a.grad_outputs), static_cast<const T*>(a.grad_h_n),
                    static_cast<const T*>(a.grad_c_n), static_cast<T*>(a.dG),

@@ -274,16 +274,17 @@ struct KRange {
 
 // Loads of chunks u .. u + G - 1 of the range (zero past `valid`) of both
 // rows: `get(r, u)` returns the thread's 16 bytes of chunk u of row r (0:
-// the thread's first row, 1: the row 8 below). Loaded into zeroed
-// registers under a predicate: no branch between the loads.
-template <typename T, int G, typename Get>
+// the thread's first row, 1: the row 8 below; zero, not loaded, where
+// kSecond is false: see kHalfRows). Loaded into zeroed registers under a
+// predicate: no branch between the loads.
+template <typename T, int G, bool kSecond, typename Get>
 __device__ __forceinline__ void load_group(uint4 (&v)[G][2], Get& get, const KRange& kr, int u0) {
 #pragma unroll
   for (int u = 0; u < G; ++u) {
     uint4 a = make_uint4(0, 0, 0, 0), b = a;
     if (u0 + u < kr.valid) {
       a = get(0, u0 + u);
-      b = get(1, u0 + u);
+      if constexpr (kSecond) b = get(1, u0 + u);
     }
     v[u][0] = a_operand<T>(a);
     v[u][1] = a_operand<T>(b);
@@ -312,16 +313,16 @@ __device__ __forceinline__ void mma_group(float (&acc)[NT][4], const uint4 (&v)[
 // chain per tile, A read by `get` (see load_group), two groups of kGroup
 // chunks in flight (L2's latency needs more loads in flight than shared
 // memory's).
-template <typename T, int NT, typename Get>
+template <typename T, int NT, bool kSecond = true, typename Get>
 __device__ __forceinline__ void tile_product(float (&acc)[NT][4], Get get, const KRange& kr,
                                              const uint2* frag) {
   constexpr int G = kGroup;
   uint4 va[G][2], vb[G][2];
-  load_group<T>(va, get, kr, 0);
+  load_group<T, G, kSecond>(va, get, kr, 0);
   for (int u = 0; u < kr.chunks; u += 2 * G) {
-    load_group<T>(vb, get, kr, u + G);
+    load_group<T, G, kSecond>(vb, get, kr, u + G);
     mma_group<T, NT, G>(acc, va, kr, u, frag);
-    load_group<T>(va, get, kr, u + 2 * G);
+    load_group<T, G, kSecond>(va, get, kr, u + 2 * G);
     mma_group<T, NT, G>(acc, vb, kr, u + G, frag);
   }
 }
@@ -748,8 +749,17 @@ __device__ __forceinline__ void backward_pair(bool live, const float (&rec)[2], 
 // kCluster (forward): the launch's clusters are its batch blocks (gridDim.x
 // blocks each, sm_90): a step's h is exchanged in distributed shared memory
 // and the barrier is the cluster's (see above). Arrivals are unused then.
+//
+// kHalfRows (both kernels, B <= 8: one row tile, its second half past the
+// batch): the product skips the loads of the second row half, whose
+// results nothing stores, instead of loading row B - 1 for it; half the
+// loads a step from L2. A template parameter, not a flag: a runtime flag
+// (a branch or a predicated load) made the kernels slower where it was
+// off (H100: float16 B64 S1024 3-4%, float32 TF32 B8 S512
+// forward+backward 7.7 -> 9.0 ms at T1024), where at B8 it took float16
+// S1024's forward step from 3.34-3.56 to 3.07-3.20 us.
 
-template <typename T, int Q, bool kPacked, bool kCluster = false>
+template <typename T, int Q, bool kPacked, bool kCluster = false, bool kHalfRows = false>
 __global__ void __launch_bounds__(kTcThreads, 1)
     forward_tc_kernel(int64_t steps, int64_t B, int64_t S, int64_t bm, T* gates, const T* bias,
                       const T* h0, const T* w_hT, const T* c0, T* outs, T* cells, T* h_n, T* c_n,
@@ -834,7 +844,8 @@ __global__ void __launch_bounds__(kTcThreads, 1)
                                kChunk<T>};
         tile_product<T, NT>(acc, rows, kr, frag);
       } else {
-        tile_product<T, NT>(acc, GlobalRows<T>{h_prev + ra_at, h_prev + rb_at}, kr, frag);
+        tile_product<T, NT, !kHalfRows>(acc, GlobalRows<T>{h_prev + ra_at, h_prev + rb_at}, kr,
+                                        frag);
       }
     }
     if (sp.KS > 1) reduce_k_split<NACC>(&acc[0][0], red, sp, warp, live);
@@ -908,7 +919,7 @@ __global__ void __launch_bounds__(kTcThreads, 1)
 
 // -- backward -------------------------------------------------------------------------------
 
-template <typename T, int Q, bool kPacked>
+template <typename T, int Q, bool kPacked, bool kHalfRows = false>
 __global__ void __launch_bounds__(kTcThreads, 1)
     backward_tc_kernel(int64_t T_, int64_t t0, int64_t t1, int64_t K, int64_t B, int64_t S,
                        int64_t bm, const T* go, const T* ghn, const T* gcn, T* dG, const T* w_h,
@@ -990,7 +1001,8 @@ __global__ void __launch_bounds__(kTcThreads, 1)
     float acc[NT][4] = {};
     // Rows with no step after this one (all, at the last): no recurrent gradient.
     if (active && (kPacked ? tile_row < n_next : !last)) {
-      tile_product<T, NT>(acc, GlobalRows<T>{dG_next + ra_at, dG_next + rb_at}, kr, frag);
+      tile_product<T, NT, !kHalfRows>(acc, GlobalRows<T>{dG_next + ra_at, dG_next + rb_at}, kr,
+                                      frag);
     }
     if (sp.KS > 1) reduce_k_split<NACC>(&acc[0][0], red, sp, warp, active);
     // The cell and the step's dG, the one output the other blocks wait for:

@@ -1057,6 +1057,48 @@ def test_cuda_block_local_clusters_match_the_reference(dtype, C, S, packed, spli
     assert_packed_run_matches(out, args, ref, ref_args, grads, lengths, limit)
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("size", [(3, 1, 4, 40), (5, 5, 6, 136), (2, 8, 3, 264)], ids=str)
+@pytest.mark.parametrize("half_rows", ["1", "0"], ids=["half_rows", "both_halves"])
+def test_cuda_global_kernels_half_rows_match_the_reference(dtype, size, half_rows):
+    """The global-barrier tensor-core kernels at B <= 8 (one row tile, its
+    second half past the batch): their kHalfRows variants, which skip that
+    half's loads (the default in 16-bit types), and the ones that load it
+    (LLTM_OP_SEQUENCE_HALF_ROWS=0) both run, as the kernel names say, and
+    match float64; B = 1, 5 and 8, two backward chunks."""
+    need("cuda")
+    if torch.cuda.get_device_capability()[0] < 8:
+        pytest.skip("the tensor-core kernels need sm_80 or newer")
+    gen = torch.Generator().manual_seed(sum(size))
+    limit = {torch.float16: 1e-2, torch.bfloat16: 3e-2}[dtype]
+    args = [t.requires_grad_() for t in make_args(*size, dtype=dtype, device="cuda", generator=gen)]
+    ref_args = [t.detach().double().cpu().requires_grad_() for t in args]
+    ref = flat(reference(*ref_args))
+    grads = [torch.randn(r.shape, dtype=torch.float64, generator=gen) for r in ref]
+    out = []
+
+    def run():
+        out.extend(flat(lltm_sequence(*args)))
+        torch.autograd.backward(out, [g.to("cuda", dtype) for g in grads])
+
+    with env(
+        LLTM_OP_SEQUENCE_TENSOR_CORES="1",
+        LLTM_OP_SEQUENCE_LOCAL="0",
+        LLTM_OP_SEQUENCE_HALF_ROWS=half_rows,
+        LLTM_OP_SEQUENCE_CHUNKS=2,
+    ):
+        names = _cuda_kernel_names(run)
+    torch.autograd.backward(ref, grads)
+    kernels = [m.group(0) for n in names if (m := re.search(r"(forward|backward)_tc_kernel<[^>]*>", n))]
+    assert len(kernels) == 3, names
+    assert all(k.endswith(", true>") == (half_rows == "1") for k in kernels), kernels
+    for name, o, r in zip(("outputs", "h_n", "c_n"), out, ref):
+        assert rel_err(o.cpu(), r) <= limit, name
+    for name, a, r in zip(("input", "weights", "bias", "old_h", "old_cell"), args, ref_args):
+        assert rel_err(a.grad.cpu(), r.grad) <= limit, f"grad of {name}"
+
+
 # The resident-weight kernels' block shapes, as LLTM_OP_SEQUENCE_RESIDENT_SHAPE
 # writes them: NJ * 100 + RT * 10 + row warps (NJ columns, bm = 8 RT
 # row_warps rows a block).
@@ -1273,8 +1315,9 @@ def test_cuda_forward_cluster_variant_matches_the_global_barrier_kernel(dtype, T
             names = _cuda_kernel_names(lambda got=got: got.extend(seq_forward(*args, True, bs)[:3]))
         forward = [n for n in names if "forward_tc_kernel<" in n]
         assert len(forward) == 1, names
-        # The kernel's last template argument is kCluster.
-        assert (", true>(" in forward[0]) == (clusters == "1"), forward
+        # The kernel's fourth template argument is kCluster.
+        cluster_arg = re.search(r"forward_tc_kernel<[^,]+, \d+, \w+, (\w+)", forward[0])
+        assert cluster_arg is not None and cluster_arg[1] == ("true" if clusters == "1" else "false"), forward
         runs[clusters] = got
     for name, a, b in zip(("outputs", "h_n", "c_n"), runs["1"], runs["0"]):
         assert torch.equal(a, b), name
