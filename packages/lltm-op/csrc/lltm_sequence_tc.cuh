@@ -477,6 +477,18 @@ __device__ __forceinline__ void store_async(uint32_t addr, uint32_t v, uint32_t 
   __trap();
 #endif
 }
+// 16 bytes (16-byte aligned), as above.
+__device__ __forceinline__ void store_async(uint32_t addr, uint4 v, uint32_t bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, "
+      "[%5];" ::"r"(addr),
+      "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(bar)
+      : "memory");
+#else
+  __trap();
+#endif
+}
 __device__ __forceinline__ void store_async(uint32_t addr, float2 v, uint32_t bar) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile(

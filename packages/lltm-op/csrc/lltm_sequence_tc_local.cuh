@@ -182,6 +182,17 @@ struct Exchange {
       for (int n = 0; n < N; ++n) store_async(to + off[n], v[n], bar_r);
     }
   }
+  // A row's 16 bytes v of a tile (16-bit types: 8 columns, which the 4
+  // lanes of a row group hold) at byte offset off of buffer b to a quarter
+  // of the other blocks, `part` (the lane's place in its group) choosing
+  // which: two stores of 16 bytes a lane at C = 8 where it made 7 of 4
+  // bytes, each with two mapa.
+  __device__ __forceinline__ void push_row(uint32_t off, int64_t b, uint4 v, int part) const {
+    for (int i = 1 + part; i < active; i += 4) {
+      const uint32_t r = static_cast<uint32_t>(rank + i < active ? rank + i : rank + i - active);
+      store_async(cluster_address(buf, r) + off, v, cluster_address(bar_of(b), r));
+    }
+  }
   // The warp's columns of buffer b written (its own, and pushed to the
   // others): its arrival on this block's mbarrier of b.
   __device__ __forceinline__ void arrive(int64_t b) const {
@@ -635,6 +646,14 @@ __device__ __forceinline__ void forward_local(int64_t steps, int64_t B, int64_t 
   // kFma: the row's turns of k, KM of them this warp's (kSplit warps a tile).
   constexpr int KM = kFma ? kFmaTurns<kCluster, kSmallK> / kSplit : 0;
   const int64_t ld = local_ld<T>(kFma ? KM * kSplit * kFmaK : S);
+  // 16-bit h pushed a row of a tile at a time (Exchange::push_row) in the
+  // cluster kernels past the small-K ones, one warp a tile. Measured (H100,
+  // T1024, forward step): float16 B8 S256, 8 blocks, 1.16-1.22 -> 0.99-1.10
+  // us; slower at 4 blocks (S128, small K: 0.82-0.87 -> 0.91-0.98, the 4
+  // shuffles cost more than the 2 stores saved) and in the split kernels
+  // (S512: bfloat16 1.91-2.01 -> 2.05-2.12). Chosen at compile time: a
+  // branch on the cluster's size made every variant slower.
+  constexpr bool kRowPushes = kCluster && sizeof(T) == 2 && !kSmallK && kSplit == 1;
   const TileShare share(S, Q);
   const int first = share.first, slices = share.slices;
   uint2* frag = reinterpret_cast<uint2*>(smem);
@@ -782,7 +801,21 @@ __device__ __forceinline__ void forward_local(int64_t steps, int64_t B, int64_t 
           // h first to the peers and the block's buffer: the next step
           // waits for it.
           const Pair<T> h_op = operand_pair<T, kFma>(hv);
-          if (kCluster && !last && at.row[half] < B) {  // no step reads the last h
+          if constexpr (kRowPushes) {
+            // The row's 8 columns gathered in each lane of its group (the
+            // whole warp shuffles), which sends them to its quarter of the
+            // peers (see Exchange::push_row).
+            const int group = lane & ~3;
+            const uint4 v = make_uint4(__shfl_sync(0xffffffffu, h_op, group),
+                                       __shfl_sync(0xffffffffu, h_op, group + 1),
+                                       __shfl_sync(0xffffffffu, h_op, group + 2),
+                                       __shfl_sync(0xffffffffu, h_op, group + 3));
+            if (!last && at.row[half] < B) {  // no step reads the last h
+              const int64_t row_at = write_at + at.buf[half][q] - 2 * (lane & 3);
+              x.push_row(static_cast<uint32_t>(row_at * sizeof(T)), t & 1, v, lane & 3);
+            }
+          }
+          if (kCluster && !kRowPushes && !last && at.row[half] < B) {  // as above
             const uint32_t off[1] = {
                 static_cast<uint32_t>((write_at + at.buf[half][q]) * sizeof(T))};
             const Pair<T> v[1] = {h_op};
