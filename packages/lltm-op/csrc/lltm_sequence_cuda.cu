@@ -884,6 +884,26 @@ int resident_clusters(Kernel kernel, int C, int threads, size_t smem, int optin,
   return clusters;
 }
 
+// The block-local launch of gy clusters of C blocks (`threads` a block,
+// `smem` bytes, `split` warps a column tile) where both kernels of the
+// variant, a whole batch's and a packed one's, have that many clusters
+// resident at once; not ok otherwise.
+template <typename Whole, typename Packed>
+LocalLaunch resident_local_launch(Whole whole, Packed packed, int C, int64_t gy, int threads,
+                                  size_t smem, int split, int optin, int sms) {
+  LocalLaunch launch;
+  if (gy > std::min(resident_clusters(whole, C, threads, smem, optin, sms),
+                    resident_clusters(packed, C, threads, smem, optin, sms))) {
+    return launch;
+  }
+  launch.ok = true;
+  launch.split = split;
+  launch.threads = threads;
+  launch.grid = dim3(static_cast<unsigned int>(C), static_cast<unsigned int>(gy));
+  launch.smem = smem;
+  return launch;
+}
+
 // Warps a column tile of the block-local forward on C blocks of `warps`
 // tiles: two (each half the tile's chunks of k; the first adds the
 // second's sums and runs the cell) in a cluster where a warp's chunks pass
@@ -959,30 +979,21 @@ LocalLaunch compute_local_launch(const Dims& d, int device, int sms, int optin, 
       const size_t smem = forward ? tc::local_forward_smem<T>(d.S, Q, C, split)
                                   : tc::local_backward_smem<T>(d.S, Q, C);
       if (smem > static_cast<size_t>(optin)) continue;
-      const int n = 32 * warps * split;
-      auto resident = [&](auto whole, auto packed) {
-        return std::min(resident_clusters(whole, C, n, smem, optin, sms),
-                        resident_clusters(packed, C, n, smem, optin, sms));
+      auto fits = [&](auto whole, auto packed) {
+        return resident_local_launch(whole, packed, C, gy, 32 * warps * split, smem, split, optin,
+                                     sms);
       };
-      int clusters = 0;
       with_local_variant(
           C > 1, tc::local_small_k<T>(d.S, forward), split, [&](auto kc, auto ks, auto kp) {
             constexpr bool kCluster = decltype(kc)::value, kSmallK = decltype(ks)::value;
             constexpr int kSplit = decltype(kp)::value;
-            clusters =
-                forward
-                    ? resident(tc::forward_tc_local_kernel<T, Q, false, kCluster, kSmallK, kSplit>,
-                               tc::forward_tc_local_kernel<T, Q, true, kCluster, kSmallK, kSplit>)
-                    : resident(tc::backward_tc_local_kernel<T, Q, false, kCluster, kSmallK>,
-                               tc::backward_tc_local_kernel<T, Q, true, kCluster, kSmallK>);
+            launch = forward
+                         ? fits(tc::forward_tc_local_kernel<T, Q, false, kCluster, kSmallK, kSplit>,
+                                tc::forward_tc_local_kernel<T, Q, true, kCluster, kSmallK, kSplit>)
+                         : fits(tc::backward_tc_local_kernel<T, Q, false, kCluster, kSmallK>,
+                                tc::backward_tc_local_kernel<T, Q, true, kCluster, kSmallK>);
           });
-      if (gy > clusters) continue;
-      launch.ok = true;
-      launch.split = split;
-      launch.threads = n;
-      launch.grid = dim3(static_cast<unsigned int>(C), static_cast<unsigned int>(gy));
-      launch.smem = smem;
-      return launch;
+      if (launch.ok) return launch;
     }
     return launch;
   }
@@ -1028,28 +1039,22 @@ LocalLaunch compute_fma_local_launch(const Dims& d, int device, int sms, int opt
     if (split == 2 && (C == 1 || tc::fma_small_k(d.S))) continue;
     const size_t smem = tc::local_fma_smem(d.S, C, forward, split);
     if (smem > static_cast<size_t>(optin)) continue;
-    const int n = 32 * warps * split;
-    int clusters = 0;
+    auto fits = [&](auto whole, auto packed) {
+      return resident_local_launch(whole, packed, C, gy, 32 * warps * split, smem, split, optin,
+                                   sms);
+    };
     with_local_variant(C > 1, tc::fma_small_k(d.S), split, [&](auto kc, auto ks, auto kp) {
       constexpr bool kCluster = decltype(kc)::value, kSmallK = decltype(ks)::value;
       constexpr int kSplit = decltype(kp)::value;
-      auto resident = [&](auto whole, auto packed) {
-        return std::min(resident_clusters(whole, C, n, smem, optin, sms),
-                        resident_clusters(packed, C, n, smem, optin, sms));
-      };
-      clusters = forward ? resident(tc::forward_fma_local_kernel<false, kCluster, kSmallK, kSplit>,
-                                    tc::forward_fma_local_kernel<true, kCluster, kSmallK, kSplit>)
-                         : resident(tc::backward_fma_local_kernel<false, kCluster, kSmallK, kSplit>,
-                                    tc::backward_fma_local_kernel<true, kCluster, kSmallK, kSplit>);
+      launch = forward ? fits(tc::forward_fma_local_kernel<false, kCluster, kSmallK, kSplit>,
+                              tc::forward_fma_local_kernel<true, kCluster, kSmallK, kSplit>)
+                       : fits(tc::backward_fma_local_kernel<false, kCluster, kSmallK, kSplit>,
+                              tc::backward_fma_local_kernel<true, kCluster, kSmallK, kSplit>);
     });
-    if (gy > clusters) continue;
-    launch.ok = true;
-    launch.fma = true;
-    launch.split = split;
-    launch.threads = n;
-    launch.grid = dim3(static_cast<unsigned int>(C), static_cast<unsigned int>(gy));
-    launch.smem = smem;
-    return launch;
+    if (launch.ok) {
+      launch.fma = true;
+      return launch;
+    }
   }
   return launch;
 }

@@ -169,6 +169,10 @@ struct Exchange {
   __device__ __forceinline__ uint32_t bar_of(int64_t b) const {
     return bar + static_cast<uint32_t>(b) * 8;
   }
+  // The i-th other active block (0 < i < active), counting on from this one.
+  __device__ __forceinline__ uint32_t peer(int i) const {
+    return static_cast<uint32_t>(rank + i < active ? rank + i : rank + i - active);
+  }
   // v[n] to the other active blocks' buffers at byte offset off[n] of this
   // block's buffer `b`, counted on their mbarrier of it: a peer's
   // addresses once, then its N stores (a block's window of the cluster's
@@ -176,7 +180,7 @@ struct Exchange {
   template <int N, typename V>
   __device__ __forceinline__ void push(const uint32_t (&off)[N], int64_t b, const V (&v)[N]) const {
     for (int i = 1; i < active; ++i) {
-      const uint32_t r = static_cast<uint32_t>(rank + i < active ? rank + i : rank + i - active);
+      const uint32_t r = peer(i);
       const uint32_t to = cluster_address(buf, r), bar_r = cluster_address(bar_of(b), r);
 #pragma unroll
       for (int n = 0; n < N; ++n) store_async(to + off[n], v[n], bar_r);
@@ -189,7 +193,7 @@ struct Exchange {
   // bytes, each with two mapa.
   __device__ __forceinline__ void push_row(uint32_t off, int64_t b, uint4 v, int part) const {
     for (int i = 1 + part; i < active; i += 4) {
-      const uint32_t r = static_cast<uint32_t>(rank + i < active ? rank + i : rank + i - active);
+      const uint32_t r = peer(i);
       store_async(cluster_address(buf, r) + off, v, cluster_address(bar_of(b), r));
     }
   }

@@ -1072,10 +1072,10 @@ def test_cuda_global_kernels_half_rows_match_the_reference(dtype, size, half_row
         pytest.skip("the tensor-core kernels need sm_80 or newer")
     gen = torch.Generator().manual_seed(sum(size))
     limit = {torch.float16: 1e-2, torch.bfloat16: 3e-2}[dtype]
-    args = [t.requires_grad_() for t in make_args(*size, dtype=dtype, device="cuda", generator=gen)]
-    ref_args = [t.detach().double().cpu().requires_grad_() for t in args]
-    ref = flat(reference(*ref_args))
-    grads = [torch.randn(r.shape, dtype=torch.float64, generator=gen) for r in ref]
+    T, B = size[:2]
+    lengths = [T] * B  # a whole batch: the packed case's reference and checks, every row full
+    args = make_args(*size, dtype=dtype, device="cuda", generator=gen)
+    args, ref_args, ref, grads = packed_case(args, lengths, gen)
     out = []
 
     def run():
@@ -1089,14 +1089,10 @@ def test_cuda_global_kernels_half_rows_match_the_reference(dtype, size, half_row
         LLTM_OP_SEQUENCE_CHUNKS=2,
     ):
         names = _cuda_kernel_names(run)
-    torch.autograd.backward(ref, grads)
     kernels = [m.group(0) for n in names if (m := re.search(r"(forward|backward)_tc_kernel<[^>]*>", n))]
     assert len(kernels) == 3, names
     assert all(k.endswith(", true>") == (half_rows == "1") for k in kernels), kernels
-    for name, o, r in zip(("outputs", "h_n", "c_n"), out, ref):
-        assert rel_err(o.cpu(), r) <= limit, name
-    for name, a, r in zip(("input", "weights", "bias", "old_h", "old_cell"), args, ref_args):
-        assert rel_err(a.grad.cpu(), r.grad) <= limit, f"grad of {name}"
+    assert_packed_run_matches(out, args, ref, ref_args, grads, lengths, limit)
 
 
 # The resident-weight kernels' block shapes, as LLTM_OP_SEQUENCE_RESIDENT_SHAPE
