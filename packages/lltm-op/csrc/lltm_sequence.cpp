@@ -176,6 +176,7 @@ void backward_step_as(const BackwardStep& s) {
 struct CpuDev {
   static bool fused(const Tensor&, const Dims&) { return false; }
   static bool forward_steps(const Tensor&, const ForwardSteps&) { return false; }
+  static bool steps_read_weights(const Tensor&, const Dims&) { return false; }
   static bool backward_steps(const Tensor&, const BackwardSteps&) { return false; }
 
   static void forward_step(const Tensor& like, const ForwardStep& s) {

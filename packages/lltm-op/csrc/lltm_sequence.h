@@ -349,6 +349,10 @@ struct ForwardSteps {
   void* c_n;
   bool tf32;                   // Dims::tf32
   const int64_t* batch_sizes;  // see above
+  // W_h ([3S, S], rows of stride w_ld) for kernels that load it once and
+  // read it in place (see steps_read_weights); first.w_hT is null then.
+  const void* w_h = nullptr;
+  int64_t w_ld = 0;
 };
 
 struct BackwardSteps {
@@ -378,6 +382,9 @@ struct BackwardSteps {
 //   static bool backward_steps(const Tensor& like, const BackwardSteps&):
 //       run all the steps (fused path) in one go, or return false for the
 //       one-at-a-time loop;
+//   static bool steps_read_weights(const Tensor& like, const Dims&): whether
+//       forward_steps runs (and never returns false) with kernels that read
+//       W_h in place (ForwardSteps::w_h), so that no W_h^T copy is made;
 //   static Tensor bias_partial(const Tensor& like, const Dims&, bool fused):
 //       zeroed accumulator the backward steps add into;
 //   static void zero(Tensor&), copy(const Tensor& like, void* dst, const void* src,
@@ -463,9 +470,16 @@ ForwardResult sequence_forward(const Tensor& input_arg, const Tensor& weights_ar
   const bool fused = Dev::fused(like, d);
   const Tensor w_hT_view = view_of(weights, {S, S3}, {1, L});
   const Tensor w_xT = view_of(weights, {F, S3}, {1, L}, S);
-  // The fused kernels read W_h^T row by row: a contiguous copy, once.
+  // The fused step kernels read W_h^T row by row every step: a contiguous
+  // copy, made once, where they run. The kernels that load W_h once read it
+  // in place (a launch and an allocation less a call: host time at small
+  // sizes).
+  const bool in_place = fused && Dev::steps_read_weights(like, d);
   std::optional<Tensor> w_hT;
-  if (fused) w_hT = Dev::transposed(op, weights, S3, S, L);
+  auto w_hT_ptr = [&]() -> const void* {
+    if (!w_hT) w_hT = Dev::transposed(op, weights, S3, S, L);
+    return w_hT->const_data_ptr();
+  };
   const int64_t esize = static_cast<int64_t>(like.element_size());
   char* gates = static_cast<char*>(r.gates.mutable_data_ptr());
   char* outs = static_cast<char*>(r.outputs.mutable_data_ptr());
@@ -516,7 +530,9 @@ ForwardResult sequence_forward(const Tensor& input_arg, const Tensor& weights_ar
       all.first.h_prev =
           t0 ? static_cast<const void*>(outs + (t0 - 1) * step_state) : old_h.const_data_ptr();
       all.first.c_prev = c_before;
-      all.first.w_hT = w_hT->const_data_ptr();
+      all.first.w_hT = in_place ? nullptr : w_hT_ptr();
+      all.w_h = weights.const_data_ptr();
+      all.w_ld = L;
       all.first.h = outs + t0 * step_state;
       all.first.c = cells;
       // A chunk's last step writes h_n / c_n of the rows still running; a
@@ -540,7 +556,7 @@ ForwardResult sequence_forward(const Tensor& input_arg, const Tensor& weights_ar
       s.c_n = t == T - 1 && !rows.packed() ? r.c_n.mutable_data_ptr() : nullptr;
       if (step_fused) {
         s.rec = nullptr;
-        s.w_hT = w_hT->const_data_ptr();
+        s.w_hT = w_hT_ptr();
       } else {
         const Tensor h_prev = t ? view_of(r.outputs, {n, S}, {S, 1}, (t - 1) * B * S)
                                 : view_of(old_h, {n, S}, {S, 1});

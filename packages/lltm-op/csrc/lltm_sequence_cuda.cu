@@ -818,7 +818,8 @@ int resident_blocks(Kernel kernel, size_t smem, int smem_optin, int threads = tc
 // re-reads the state rows once a step: fewer column blocks, less traffic).
 // LLTM_OP_SEQUENCE_TENSOR_CORES=0 turns the path off; forcing the cuBLAS
 // path or the per-step launches (LLTM_OP_SEQUENCE_FUSED=0,
-// LLTM_OP_SEQUENCE_PERSISTENT=0) does too.
+// LLTM_OP_SEQUENCE_PERSISTENT=0) does too. LLTM_OP_SEQUENCE_TC_SHAPE=1000 q
+// + bm asks for one block shape (benchmarks; none where it does not fit).
 //
 // Every column block re-reads its rows' whole state each step (from L2):
 // column blocks x B x S elements forward, three times that backward. Past
@@ -1088,10 +1089,12 @@ TcPlan compute_tc_plan(const Dims& d, int device, bool local) {
     best.local_backward = compute_local_launch<T>(d, device, sms, optin, false);
   }
   int64_t best_blocks = 0;
+  const int64_t want = env_int("LLTM_OP_SEQUENCE_TC_SHAPE", 0);
   for (int q : {1, 2, 4}) {
     const int64_t gx = (d.S + 8 * q - 1) / (8 * q);
     if (gx * d.B * d.S * static_cast<int64_t>(sizeof(T)) > kTcMaxStateReread) continue;
     for (int64_t bm = 16; bm <= tc::kTcMaxRows; bm += 16) {
+      if (want != 0 && want != 1000 * q + bm) continue;
       const int64_t gy = (d.B + bm - 1) / bm;
       const size_t sf = tc::forward_smem<T>(d.S, q, bm), sb = tc::backward_smem<T>(d.S, q, bm);
       if (sf > static_cast<size_t>(optin) || sb > static_cast<size_t>(optin)) continue;
@@ -1171,19 +1174,20 @@ TcPlan tc_plan(const Tensor& like, const Dims& d) {
   const bool local = env_int("LLTM_OP_SEQUENCE_LOCAL", 1) != 0;
   const int64_t cluster = env_int("LLTM_OP_SEQUENCE_LOCAL_CLUSTER", 0);
   const int64_t split = env_int("LLTM_OP_SEQUENCE_LOCAL_SPLIT", 0);
+  const int64_t shape = env_int("LLTM_OP_SEQUENCE_TC_SHAPE", 0);
   struct Key {
     int device;
     ST st;
     int64_t B, S;
     bool local;
-    int64_t cluster, split;
+    int64_t cluster, split, shape;
     bool fma;
     bool operator==(const Key& o) const {
       return device == o.device && st == o.st && B == o.B && S == o.S && local == o.local &&
-             cluster == o.cluster && split == o.split && fma == o.fma;
+             cluster == o.cluster && split == o.split && shape == o.shape && fma == o.fma;
     }
   };
-  return remembered<TcPlan>(Key{device, st, d.B, d.S, local, cluster, split, fma}, [&] {
+  return remembered<TcPlan>(Key{device, st, d.B, d.S, local, cluster, split, shape, fma}, [&] {
     return fma                  ? compute_fma_plan(d, device, local)
            : st == ST::Half     ? compute_tc_plan<opscommon::Half>(d, device, local)
            : st == ST::BFloat16 ? compute_tc_plan<opscommon::BFloat16>(d, device, local)
@@ -1229,8 +1233,8 @@ void with_resident(int nj, int rt, F&& f) {
 // per 4 weight columns and k and RT rows, four warps issuing a clock) or
 // the state its blocks re-read through L2 (each column block reads its
 // rows' whole state every step; about 3000 bytes a clock on an H100),
-// whichever is longer. LLTM_OP_SEQUENCE_RESIDENT_SHAPE=NJ,RT,row_warps
-// asks for one shape (tests, benchmarks).
+// whichever is longer. LLTM_OP_SEQUENCE_RESIDENT_SHAPE=100 NJ + 10 RT +
+// row_warps asks for one shape (tests, benchmarks).
 ResidentLaunch compute_resident_launch(int64_t B, int64_t S, int device, bool forward) {
   ResidentLaunch best;
   const int sms = opscommon::multiprocessor_count(device);
@@ -1438,7 +1442,7 @@ struct CudaDev {
         auto run = [&](auto kernel) {
           launch_local(kernel, l, s, a.T, a.B, a.S, static_cast<T*>(f.gates),
                        static_cast<const T*>(f.bias), static_cast<const T*>(f.h_prev),
-                       static_cast<const T*>(f.w_hT), static_cast<const T*>(f.c_prev),
+                       static_cast<const T*>(a.w_h), a.w_ld, static_cast<const T*>(f.c_prev),
                        static_cast<T*>(f.h), static_cast<T*>(f.c), static_cast<T*>(a.h_n),
                        static_cast<T*>(a.c_n), s.sizes());
         };
@@ -1538,7 +1542,7 @@ struct CudaDev {
                                                    : tc::forward_tc_kernel<T, Q, false, true>;
             s.launch_clusters(kernel, c.grid, tc::kTcThreads, c.smem, a.T, a.B, a.S, c.bm,
                               static_cast<T*>(f.gates), static_cast<const T*>(f.bias),
-                              static_cast<const T*>(h0), static_cast<const T*>(f.w_hT),
+                              static_cast<const T*>(h0), static_cast<const T*>(a.w_h), a.w_ld,
                               static_cast<const T*>(f.c_prev), static_cast<T*>(f.h),
                               static_cast<T*>(f.c), static_cast<T*>(a.h_n), static_cast<T*>(a.c_n),
                               s.sizes(), static_cast<unsigned long long*>(nullptr));
@@ -1562,7 +1566,7 @@ struct CudaDev {
           }
           s.launch(kernel, p.grid, tc::kTcThreads, p.smem_forward, a.T, a.B, a.S, p.bm,
                    static_cast<T*>(f.gates), static_cast<const T*>(f.bias),
-                   static_cast<const T*>(h0), static_cast<const T*>(f.w_hT),
+                   static_cast<const T*>(h0), static_cast<const T*>(a.w_h), a.w_ld,
                    static_cast<const T*>(f.c_prev), static_cast<T*>(f.h), static_cast<T*>(f.c),
                    static_cast<T*>(a.h_n), static_cast<T*>(a.c_n), s.sizes(),
                    counters_of(arrivals));
@@ -1614,7 +1618,7 @@ struct CudaDev {
                                              : resident::forward_resident_kernel<NJ, RT, false>;
       s.launch(kernel, l.grid, resident::kThreads, l.smem, a.T, a.B, a.S, l.row_warps,
                static_cast<float*>(f.gates), static_cast<const float*>(f.bias),
-               static_cast<const float*>(h0), static_cast<const float*>(f.w_hT),
+               static_cast<const float*>(h0), static_cast<const float*>(a.w_h), a.w_ld,
                static_cast<const float*>(f.c_prev), static_cast<float*>(f.h),
                static_cast<float*>(f.c), static_cast<float*>(a.h_n), static_cast<float*>(a.c_n),
                s.sizes(), counters_of(arrivals));
@@ -1639,6 +1643,12 @@ struct CudaDev {
                static_cast<float*>(a.bias_partial), s.sizes(), counters_of(arrivals));
     });
     return true;
+  }
+
+  // The tensor-core, block-local and resident kernels load W_h once and
+  // read it in place; forward_steps runs them wherever their plan holds.
+  static bool steps_read_weights(const Tensor& like, const Dims& d) {
+    return tc_plan(like, d).ok || resident_plan(like, d).ok();
   }
 
   static bool forward_steps(const Tensor& like, const ForwardSteps& a) {

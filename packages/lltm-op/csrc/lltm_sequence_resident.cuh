@@ -191,14 +191,14 @@ __device__ __forceinline__ void block_product(float* part, const float* wsm, con
 }
 
 // Forward: steps 0 .. steps - 1, as forward_persistent_kernel (kPacked: bs
-// holds a packed run's batch sizes). w_hT: [S, 3S], contiguous; h0 16-byte
-// aligned, S a multiple of 4.
+// holds a packed run's batch sizes). w_h: W_h, [3S, S] rows of stride ld_w
+// (read in place); h0 16-byte aligned, S a multiple of 4.
 template <int NJ, int RT, bool kPacked>
 __global__ void __launch_bounds__(kThreads)
     forward_resident_kernel(int64_t steps, int64_t B, int64_t S, int row_warps, float* gates,
-                            const float* bias, const float* h0, const float* w_hT, const float* c0,
-                            float* outs, float* cells, float* h_n, float* c_n, const int64_t* bs,
-                            unsigned long long* arrivals) {
+                            const float* bias, const float* h0, const float* w_h, int64_t ld_w,
+                            const float* c0, float* outs, float* cells, float* h_n, float* c_n,
+                            const int64_t* bs, unsigned long long* arrivals) {
   constexpr int W = 3 * NJ;
   extern __shared__ __align__(16) unsigned char smem[];
   float* wsm = reinterpret_cast<float*>(smem);
@@ -209,14 +209,16 @@ __global__ void __launch_bounds__(kThreads)
   const int kw = kWarps / row_warps;
   {
     const int K = static_cast<int>((S + kRound - 1) / kRound * kRound);
+    // Column c of the slice is row (c / NJ) S + j of W_h: consecutive
+    // threads read consecutive k of it (coalesced).
     tc::batched_copy(
         K * W,
         [&](int e) {
-          const int k = e / W, c = e % W;
+          const int k = e % K, c = e / K;
           const int64_t j = j0 + c % NJ;
-          return k < S && j < S ? w_hT[k * 3 * S + (c / NJ) * S + j] : 0.0f;
+          return k < S && j < S ? w_h[((c / NJ) * S + j) * ld_w + k] : 0.0f;
         },
-        [&](int e, float v) { wsm[weight_row(e / W, W) + e % W] = v; });
+        [&](int e, float v) { wsm[weight_row(e % K, W) + e / K] = v; });
   }
   __syncthreads();
   const Place p(RT, row_warps, S);

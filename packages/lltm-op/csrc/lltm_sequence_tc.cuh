@@ -774,8 +774,8 @@ __device__ __forceinline__ void backward_pair(bool live, const float (&rec)[2], 
 template <typename T, int Q, bool kPacked, bool kCluster = false, bool kHalfRows = false>
 __global__ void __launch_bounds__(kTcThreads, 1)
     forward_tc_kernel(int64_t steps, int64_t B, int64_t S, int64_t bm, T* gates, const T* bias,
-                      const T* h0, const T* w_hT, const T* c0, T* outs, T* cells, T* h_n, T* c_n,
-                      const int64_t* bs, unsigned long long* arrivals) {
+                      const T* h0, const T* w_h, int64_t ld_w, const T* c0, T* outs, T* cells,
+                      T* h_n, T* c_n, const int64_t* bs, unsigned long long* arrivals) {
   constexpr int NT = 3 * Q, NACC = 4 * NT;
   extern __shared__ __align__(16) unsigned char smem[];
   const Split sp(bm);
@@ -787,11 +787,13 @@ __global__ void __launch_bounds__(kTcThreads, 1)
   constexpr int NJ = 8 * Q;
   const int64_t j0 = static_cast<int64_t>(blockIdx.x) * 8 * Q;
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * bm;
-  // Tile nt = g * Q + q: gate g, columns j0 + 8q .. + 7. W_h^T is [S, 3S].
+  // Tile nt = g * Q + q: gate g, columns j0 + 8q .. + 7. W_h ([3S, S], rows
+  // of stride ld_w) read in place: element (k, gate column c) of W_h^T is
+  // W_h[c][k].
   load_weights<T>(frag, KT, NT, [&](int64_t k, int nt, int n) -> uint32_t {
     const int64_t j = j0 + 8 * (nt % Q) + n;
     if (k >= S || j >= S) return 0;
-    return bits_of(w_hT[k * 3 * S + (nt / Q) * S + j]);
+    return bits_of(w_h[((nt / Q) * S + j) * ld_w + k]);
   });
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t S3 = 3 * S, step_gates = B * S3, step_state = B * S;

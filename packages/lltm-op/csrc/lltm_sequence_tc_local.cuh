@@ -638,9 +638,9 @@ constexpr int kForwardChains = kCluster && kSmallK ? 4 : 2;
 // are this function with their products.
 template <typename T, int Q, bool kPacked, bool kCluster, bool kSmallK, bool kFma, int kSplit>
 __device__ __forceinline__ void forward_local(int64_t steps, int64_t B, int64_t S, T* gates,
-                                              const T* bias, const T* h0, const T* w_hT,
-                                              const T* c0, T* outs, T* cells, T* h_n, T* c_n,
-                                              const int64_t* bs) {
+                                              const T* bias, const T* h0, const T* w_h,
+                                              int64_t ld_w, const T* c0, T* outs, T* cells, T* h_n,
+                                              T* c_n, const int64_t* bs) {
   constexpr int NT = 3 * Q;
   constexpr int64_t kRows = kLocalRowsOf<kFma>;
   constexpr int kHalves = kLocalHalves<kFma>;
@@ -666,13 +666,14 @@ __device__ __forceinline__ void forward_local(int64_t steps, int64_t B, int64_t 
   T* hbuf = reinterpret_cast<T*>(smem + (kFma ? 0 : share.per_block * weight_bytes(KT, NT)));
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kRows;
   const int rows = static_cast<int>(local_rows(B, r0, kRows));
-  // Slice w, tile nt = g * Q + q: gate g, columns 8 (Q (first + w) + q) .. + 7.
+  // Slice w, tile nt = g * Q + q: gate g, columns 8 (Q (first + w) + q) .. + 7
+  // (of W_h^T: W_h, [3S, S] rows of stride ld_w, read in place).
   if constexpr (!kFma) {
     load_weight_slices<T, true>(frag, slices, KT, NT,
                                 [&](int w, int64_t k, int nt, int n) -> uint32_t {
                                   const int64_t j = 8 * (Q * (first + w) + nt % Q) + n;
                                   if (k >= S || j >= S) return 0;
-                                  return bits_of(w_hT[k * 3 * S + (nt / Q) * S + j]);
+                                  return bits_of(w_h[((nt / Q) * S + j) * ld_w + k]);
                                 });
   }
   zero_shared(hbuf, 2 * kRows * ld);
@@ -708,7 +709,7 @@ __device__ __forceinline__ void forward_local(int64_t steps, int64_t B, int64_t 
   if (kFma && owner) {
     load_fma_weights<KM, NT>(wf, S, khalf * KM, [&](int64_t k, int nt, int c) {
       const int64_t j = at.col + 8 * (nt % Q) + c;
-      return j < S ? to_acc(w_hT[k * 3 * S + (nt / Q) * S + j]) : 0.f;
+      return j < S ? to_acc(w_h[((nt / Q) * S + j) * ld_w + k]) : 0.f;
     });
   }
   const uint32_t a_of_buf = a_lane<T>(shared_address(hbuf), ld, lane) + 64 * kc0;
@@ -860,19 +861,19 @@ __device__ __forceinline__ void forward_local(int64_t steps, int64_t B, int64_t 
 template <typename T, int Q, bool kPacked, bool kCluster, bool kSmallK, int kSplit>
 __global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
     forward_tc_local_kernel(int64_t steps, int64_t B, int64_t S, T* gates, const T* bias,
-                            const T* h0, const T* w_hT, const T* c0, T* outs, T* cells, T* h_n,
-                            T* c_n, const int64_t* bs) {
-  forward_local<T, Q, kPacked, kCluster, kSmallK, false, kSplit>(steps, B, S, gates, bias, h0, w_hT,
-                                                                 c0, outs, cells, h_n, c_n, bs);
+                            const T* h0, const T* w_h, int64_t ld_w, const T* c0, T* outs, T* cells,
+                            T* h_n, T* c_n, const int64_t* bs) {
+  forward_local<T, Q, kPacked, kCluster, kSmallK, false, kSplit>(
+      steps, B, S, gates, bias, h0, w_h, ld_w, c0, outs, cells, h_n, c_n, bs);
 }
 // Full float32 (no TF32): the product on the FMA units, kSplit warps a tile.
 template <bool kPacked, bool kCluster, bool kSmallK, int kSplit>
 __global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
     forward_fma_local_kernel(int64_t steps, int64_t B, int64_t S, float* gates, const float* bias,
-                             const float* h0, const float* w_hT, const float* c0, float* outs,
-                             float* cells, float* h_n, float* c_n, const int64_t* bs) {
+                             const float* h0, const float* w_h, int64_t ld_w, const float* c0,
+                             float* outs, float* cells, float* h_n, float* c_n, const int64_t* bs) {
   forward_local<float, kLocalQ, kPacked, kCluster, kSmallK, true, kSplit>(
-      steps, B, S, gates, bias, h0, w_hT, c0, outs, cells, h_n, c_n, bs);
+      steps, B, S, gates, bias, h0, w_h, ld_w, c0, outs, cells, h_n, c_n, bs);
 }
 
 // -- backward -------------------------------------------------------------------------------

@@ -1095,6 +1095,52 @@ def test_cuda_global_kernels_half_rows_match_the_reference(dtype, size, half_row
     assert_packed_run_matches(out, args, ref, ref_args, grads, lengths, limit)
 
 
+# The global-barrier tensor-core kernels' block shapes, as
+# LLTM_OP_SEQUENCE_TC_SHAPE writes them: 1000 q + bm (8 q columns, bm rows a
+# block; bm 16 and 32 split k over the warps, 128 does not).
+TC_SHAPES = [1016, 2016, 4016, 1032, 2048, 4128]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("size", [(3, 5, 6, 136), (2, 70, 3, 40), (1, 33, 4, 264)], ids=str)
+@pytest.mark.parametrize("shape", TC_SHAPES, ids=str)
+def test_cuda_global_kernels_in_each_block_shape_match_the_reference(dtype, size, shape):
+    """The global-barrier tensor-core kernels (float32 on TF32) in each block
+    shape the plan can take, forced: they run (one forward launch, one a
+    backward chunk, of that q), read W_h in place and match float64: S =
+    136 (a part-filled column block at q = 2 and 4), 40, 264; B = 5, 33 and
+    70 (a part-filled last row block); T = 1."""
+    need("cuda")
+    if torch.cuda.get_device_capability()[0] < 8:
+        pytest.skip("the tensor-core kernels need sm_80 or newer")
+    T, B, F, S = size
+    q, bm = shape // 1000, shape % 1000
+    if -(-S // (8 * q)) * -(-B // bm) > torch.cuda.get_device_properties(0).multi_processor_count:
+        pytest.skip("that block shape's grid may not be resident at once here")
+    gen = torch.Generator().manual_seed(sum(size) + shape)
+    limit = {torch.float16: 1e-2, torch.bfloat16: 3e-2, torch.float32: 5e-3}[dtype]
+    lengths = [T] * B  # a whole batch: the packed case's reference and checks, every row full
+    args = make_args(T, B, F, S, dtype=dtype, device="cuda", generator=gen)
+    args, ref_args, ref, grads = packed_case(args, lengths, gen)
+    chunks = min(2, T)
+    out = []
+
+    def run():
+        out.extend(flat(lltm_sequence(*args)))
+        torch.autograd.backward(out, [g.to("cuda", dtype) for g in grads])
+
+    with (
+        env(LLTM_OP_SEQUENCE_LOCAL="0", LLTM_OP_SEQUENCE_TC_SHAPE=shape, LLTM_OP_SEQUENCE_CHUNKS=chunks),
+        tf32_matmul(True),
+    ):
+        names = _cuda_kernel_names(run)
+    kernels = [m.groups() for n in names if (m := re.search(r"(forward|backward)_tc_kernel<[^,]+, (\d+),", n))]
+    assert sorted(kernels) == sorted([("backward", str(q))] * chunks + [("forward", str(q))]), names
+    assert not any("transpose_kernel" in n for n in names), names
+    assert_packed_run_matches(out, args, ref, ref_args, grads, lengths, limit)
+
+
 # The resident-weight kernels' block shapes, as LLTM_OP_SEQUENCE_RESIDENT_SHAPE
 # writes them: NJ * 100 + RT * 10 + row warps (NJ columns, bm = 8 RT
 # row_warps rows a block).
