@@ -21,9 +21,15 @@ variant switched by its environment variable in one process:
   engine without them (``LLTM_OP_SEQUENCE_RESIDENT=0``: the fused kernels
   that read their weights from L2 every step, or the cuBLAS products) and
   nn.LSTM, forward (``no_grad``) and forward+backward, at T256, B 8 / 64 /
-  256, S 128 to 1024 (1.00x: a size the rule leaves to cuBLAS).
+  256, S 128 to 1024 (1.00x: a size the rule leaves to cuBLAS);
+* shapes (CUDA, sm_80+): the global-barrier tensor-core kernels (the
+  block-local ones off) in the rule's block shape and in each shape forced
+  by ``LLTM_OP_SEQUENCE_TC_SHAPE`` (1000 q + bm): GPU time of the recurrent
+  kernels alone per step, as the local table measures it ("-": a shape
+  whose grid does not fit, so that another path ran).
 
-    python bench/bench_lltm_sequence_variants.py [--table inference|clusters|local|resident] [--repeat N] [--quick]
+    python bench/bench_lltm_sequence_variants.py [--table inference|clusters|local|resident|shapes] [--repeat N]
+        [--quick]
 
 F = S throughout. Synchronized wall time per call, median, the variants of a
 size timed in alternating rounds. float32: ours full float32, nn.LSTM at
@@ -45,6 +51,14 @@ INFERENCE_SIZES += [(1024, 256, 512)]
 CLUSTER_SIZES = [(T, B, S) for T in (1024, 64) for B in (8, 64, 256) for S in (128, 256, 512)]
 LOCAL_SIZES = [(256, B, S) for S in (32, 64, 96, 128, 256) for B in (8, 64, 256)]
 RESIDENT_SIZES = [(256, B, S) for S in (128, 256, 512, 1024) for B in (8, 64, 256)]
+SHAPE_CASES = [
+    (1024, 8, 1024, torch.float16),
+    (1024, 8, 1024, torch.bfloat16),
+    (1024, 8, 1024, torch.float32),
+    (1024, 64, 1024, torch.float16),
+    (256, 256, 1024, torch.bfloat16),
+]
+TC_SHAPES = [1016, 2016, 4016, 1032, 2032, 1064, 2064, 4064, 2128, 4128]
 QUICK_SIZES = [(8, 4, 16), (40, 2, 8)]
 
 
@@ -222,10 +236,35 @@ def resident_table(sizes, repeat):
         torch.cuda.empty_cache()
 
 
+def shapes_table(cases, repeat):
+    print("| T B S dtype (us a step) | block shape | fwd | bwd |")
+    print("|---|---|---|---|", flush=True)
+    for T, B, S, dtype in cases:
+        args = make(T, B, S, dtype, "cuda", grad=True)
+
+        def fwd_bwd():
+            out, (h_n, c_n) = lltm_sequence(*args)
+            torch.autograd.grad(out.float().sum() + h_n.float().sum(), args)
+
+        name = "f32 TF32" if dtype == torch.float32 else str(dtype)[6:]
+        for shape in [None, *TC_SHAPES]:
+            flags = {"local": "0", "tf32": True}
+            if shape is not None:
+                flags["tc_shape"] = str(shape)
+            got = recurrent_kernel_us(with_flags(fwd_bwd, **flags), T, repeat)
+            label = "the rule's" if shape is None else f"q{shape // 1000} bm{shape % 1000}"
+            cells = [f"{got[k]:.2f}" if got[k] > 0 else "-" for k in ("forward", "backward")]
+            print(f"| T{T} B{B} S{S} {name} | {label} | {cells[0]} | {cells[1]} |", flush=True)
+        torch.cuda.empty_cache()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
-        "--table", choices=["inference", "clusters", "local", "resident"], default=None, help="one table (default: all)"
+        "--table",
+        choices=["inference", "clusters", "local", "resident", "shapes"],
+        default=None,
+        help="one table (default: all)",
     )
     parser.add_argument("--repeat", type=int, default=15, help="timed rounds per size")
     parser.add_argument("--quick", action="store_true", help="tiny sizes on the CPU (smoke run)")
@@ -252,6 +291,11 @@ def main() -> None:
             print("resident: needs a CUDA device (skipped)")
         else:
             resident_table(RESIDENT_SIZES, min(args.repeat, 5))
+    if args.table in (None, "shapes"):
+        if device != "cuda" or torch.cuda.get_device_capability()[0] < 8:
+            print("shapes: needs a CUDA device of sm_80 or newer (skipped)")
+        else:
+            shapes_table(SHAPE_CASES, min(args.repeat, 5))
 
 
 if __name__ == "__main__":
