@@ -818,8 +818,9 @@ int resident_blocks(Kernel kernel, size_t smem, int smem_optin, int threads = tc
 // re-reads the state rows once a step: fewer column blocks, less traffic).
 // LLTM_OP_SEQUENCE_TENSOR_CORES=0 turns the path off; forcing the cuBLAS
 // path or the per-step launches (LLTM_OP_SEQUENCE_FUSED=0,
-// LLTM_OP_SEQUENCE_PERSISTENT=0) does too. LLTM_OP_SEQUENCE_TC_SHAPE=1000 q
-// + bm asks for one block shape (benchmarks; none where it does not fit).
+// LLTM_OP_SEQUENCE_PERSISTENT=0) does too. `shape` (tc_plan's
+// LLTM_OP_SEQUENCE_TC_SHAPE=1000 q + bm, or 0) asks for one block shape
+// (tests, benchmarks; none where it does not fit).
 //
 // Every column block re-reads its rows' whole state each step (from L2):
 // column blocks x B x S elements forward, three times that backward. Past
@@ -1075,7 +1076,7 @@ TcPlan compute_fma_plan(const Dims& d, int device, bool local) {
 }
 
 template <typename T>
-TcPlan compute_tc_plan(const Dims& d, int device, bool local) {
+TcPlan compute_tc_plan(const Dims& d, int device, bool local, int64_t shape) {
   TcPlan best;
   if (d.S % 8 != 0 || d.S == 0 || d.B == 0 || d.S > (int64_t(1) << 16) ||
       d.B > (int64_t(1) << 24)) {
@@ -1089,12 +1090,11 @@ TcPlan compute_tc_plan(const Dims& d, int device, bool local) {
     best.local_backward = compute_local_launch<T>(d, device, sms, optin, false);
   }
   int64_t best_blocks = 0;
-  const int64_t want = env_int("LLTM_OP_SEQUENCE_TC_SHAPE", 0);
   for (int q : {1, 2, 4}) {
     const int64_t gx = (d.S + 8 * q - 1) / (8 * q);
     if (gx * d.B * d.S * static_cast<int64_t>(sizeof(T)) > kTcMaxStateReread) continue;
     for (int64_t bm = 16; bm <= tc::kTcMaxRows; bm += 16) {
-      if (want != 0 && want != 1000 * q + bm) continue;
+      if (shape != 0 && shape != 1000 * q + bm) continue;
       const int64_t gy = (d.B + bm - 1) / bm;
       const size_t sf = tc::forward_smem<T>(d.S, q, bm), sb = tc::backward_smem<T>(d.S, q, bm);
       if (sf > static_cast<size_t>(optin) || sb > static_cast<size_t>(optin)) continue;
@@ -1189,9 +1189,9 @@ TcPlan tc_plan(const Tensor& like, const Dims& d) {
   };
   return remembered<TcPlan>(Key{device, st, d.B, d.S, local, cluster, split, shape, fma}, [&] {
     return fma                  ? compute_fma_plan(d, device, local)
-           : st == ST::Half     ? compute_tc_plan<opscommon::Half>(d, device, local)
-           : st == ST::BFloat16 ? compute_tc_plan<opscommon::BFloat16>(d, device, local)
-                                : compute_tc_plan<float>(d, device, local);
+           : st == ST::Half     ? compute_tc_plan<opscommon::Half>(d, device, local, shape)
+           : st == ST::BFloat16 ? compute_tc_plan<opscommon::BFloat16>(d, device, local, shape)
+                                : compute_tc_plan<float>(d, device, local, shape);
   });
 }
 
@@ -1233,14 +1233,15 @@ void with_resident(int nj, int rt, F&& f) {
 // per 4 weight columns and k and RT rows, four warps issuing a clock) or
 // the state its blocks re-read through L2 (each column block reads its
 // rows' whole state every step; about 3000 bytes a clock on an H100),
-// whichever is longer. LLTM_OP_SEQUENCE_RESIDENT_SHAPE=100 NJ + 10 RT +
-// row_warps asks for one shape (tests, benchmarks).
-ResidentLaunch compute_resident_launch(int64_t B, int64_t S, int device, bool forward) {
+// whichever is longer. `want` (resident_plan's
+// LLTM_OP_SEQUENCE_RESIDENT_SHAPE=100 NJ + 10 RT + row_warps, or 0) asks
+// for one shape (tests, benchmarks).
+ResidentLaunch compute_resident_launch(int64_t B, int64_t S, int device, bool forward,
+                                       int64_t want) {
   ResidentLaunch best;
   const int sms = opscommon::multiprocessor_count(device);
   const int optin = opscommon::device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(device);
   const int64_t K = forward ? S : 3 * S;
-  const int64_t want = env_int("LLTM_OP_SEQUENCE_RESIDENT_SHAPE", 0);
   double best_cost = 0.0;
   for (int nj : {4, 8}) {
     for (int rt : {1, 4}) {
@@ -1318,8 +1319,8 @@ ResidentPlan resident_plan(const Tensor& like, const Dims& d) {
     }
   };
   return remembered<ResidentPlan>(Key{device, d.B, d.S, shape}, [&] {
-    return ResidentPlan{compute_resident_launch(d.B, d.S, device, true),
-                        compute_resident_launch(d.B, d.S, device, false)};
+    return ResidentPlan{compute_resident_launch(d.B, d.S, device, true, shape),
+                        compute_resident_launch(d.B, d.S, device, false, shape)};
   });
 }
 

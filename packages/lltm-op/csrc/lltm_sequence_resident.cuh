@@ -209,14 +209,14 @@ __global__ void __launch_bounds__(kThreads)
   const int kw = kWarps / row_warps;
   {
     const int K = static_cast<int>((S + kRound - 1) / kRound * kRound);
-    // Column c of the slice is row (c / NJ) S + j of W_h: consecutive
-    // threads read consecutive k of it (coalesced).
+    // Column c of the slice is column (c / NJ) S + j of W_h^T (tc::w_hT_at):
+    // consecutive threads read consecutive k of it (coalesced).
     tc::batched_copy(
         K * W,
         [&](int e) {
           const int k = e % K, c = e / K;
           const int64_t j = j0 + c % NJ;
-          return k < S && j < S ? w_h[((c / NJ) * S + j) * ld_w + k] : 0.0f;
+          return k < S && j < S ? tc::w_hT_at(w_h, ld_w, k, (c / NJ) * S + j) : 0.0f;
         },
         [&](int e, float v) { wsm[weight_row(e % K, W) + e / K] = v; });
   }

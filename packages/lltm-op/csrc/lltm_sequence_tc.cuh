@@ -160,6 +160,14 @@ inline size_t backward_smem(int64_t S, int Q, int64_t bm) {
          static_cast<size_t>(s.I) * 3 * 8 * Q * sizeof(float);
 }
 
+// Element (k, c) of W_h^T, read in place from W_h ([3S, S], rows of stride
+// ld_w): the forward kernels load their weight slices from it once, with
+// no transposed copy.
+template <typename T>
+__device__ __forceinline__ T w_hT_at(const T* w_h, int64_t ld_w, int64_t k, int64_t c) {
+  return w_h[c * ld_w + k];
+}
+
 // One weight fragment: lane `lane` of k tile kt holds the B operand of
 // column lane / 4 of its tile: logical rows 2 (lane % 4) + {0, 1} and
 // + {8, 9} (16-bit types, two to a register) or lane % 4 and + 4 (TF32),
@@ -787,13 +795,12 @@ __global__ void __launch_bounds__(kTcThreads, 1)
   constexpr int NJ = 8 * Q;
   const int64_t j0 = static_cast<int64_t>(blockIdx.x) * 8 * Q;
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * bm;
-  // Tile nt = g * Q + q: gate g, columns j0 + 8q .. + 7. W_h ([3S, S], rows
-  // of stride ld_w) read in place: element (k, gate column c) of W_h^T is
-  // W_h[c][k].
+  // Tile nt = g * Q + q: gate g, columns j0 + 8q .. + 7 (of W_h^T, see
+  // w_hT_at).
   load_weights<T>(frag, KT, NT, [&](int64_t k, int nt, int n) -> uint32_t {
     const int64_t j = j0 + 8 * (nt % Q) + n;
     if (k >= S || j >= S) return 0;
-    return bits_of(w_h[((nt / Q) * S + j) * ld_w + k]);
+    return bits_of(w_hT_at(w_h, ld_w, k, (nt / Q) * S + j));
   });
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t S3 = 3 * S, step_gates = B * S3, step_state = B * S;

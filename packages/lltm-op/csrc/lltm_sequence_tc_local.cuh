@@ -667,13 +667,13 @@ __device__ __forceinline__ void forward_local(int64_t steps, int64_t B, int64_t 
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kRows;
   const int rows = static_cast<int>(local_rows(B, r0, kRows));
   // Slice w, tile nt = g * Q + q: gate g, columns 8 (Q (first + w) + q) .. + 7
-  // (of W_h^T: W_h, [3S, S] rows of stride ld_w, read in place).
+  // (of W_h^T, see w_hT_at).
   if constexpr (!kFma) {
     load_weight_slices<T, true>(frag, slices, KT, NT,
                                 [&](int w, int64_t k, int nt, int n) -> uint32_t {
                                   const int64_t j = 8 * (Q * (first + w) + nt % Q) + n;
                                   if (k >= S || j >= S) return 0;
-                                  return bits_of(w_h[((nt / Q) * S + j) * ld_w + k]);
+                                  return bits_of(w_hT_at(w_h, ld_w, k, (nt / Q) * S + j));
                                 });
   }
   zero_shared(hbuf, 2 * kRows * ld);
@@ -709,7 +709,7 @@ __device__ __forceinline__ void forward_local(int64_t steps, int64_t B, int64_t 
   if (kFma && owner) {
     load_fma_weights<KM, NT>(wf, S, khalf * KM, [&](int64_t k, int nt, int c) {
       const int64_t j = at.col + 8 * (nt % Q) + c;
-      return j < S ? to_acc(w_h[((nt / Q) * S + j) * ld_w + k]) : 0.f;
+      return j < S ? to_acc(w_hT_at(w_h, ld_w, k, (nt / Q) * S + j)) : 0.f;
     });
   }
   const uint32_t a_of_buf = a_lane<T>(shared_address(hbuf), ld, lane) + 64 * kc0;
