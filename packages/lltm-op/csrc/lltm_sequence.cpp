@@ -177,6 +177,9 @@ struct CpuDev {
   static bool fused(const Tensor&, const Dims&) { return false; }
   static bool forward_steps(const Tensor&, const ForwardSteps&) { return false; }
   static bool steps_read_weights(const Tensor&, const Dims&) { return false; }
+  static bool step_product(const Tensor&, const StepProduct&, std::optional<Tensor>&) {
+    return false;  // aten::mm (torch's BLAS)
+  }
   static bool backward_steps(const Tensor&, const BackwardSteps&) { return false; }
 
   static void forward_step(const Tensor& like, const ForwardStep& s) {

@@ -303,6 +303,27 @@ struct ForwardStep {
   void* c;
   void* h_n;
   void* c_n;
+  // rec is null because the step product was already added into gates
+  // (Dev::step_product with accumulate), not because the device computes it.
+  bool product_in_gates = false;
+};
+
+// One forward step's recurrent product on the cuBLAS path, row-major:
+// out[r, c] (+)= sum over k < depth of a[r * lda + k] * w(k, c), r < rows,
+// c < cols, where w(k, c) = w[c * ldw + k] (w_transposed) or w[k * ldw + c].
+// With accumulate, out += the product (out holds the input projection).
+struct StepProduct {
+  const char* op;  // for errors
+  int64_t rows, cols, depth;
+  const void* a;
+  int64_t lda;
+  const void* w;
+  int64_t ldw;
+  bool w_transposed;
+  void* out;
+  int64_t ldo;
+  bool accumulate;
+  bool tf32;
 };
 
 // One backward step. dh = grad_out + rec (+ extra); any of the three may be
@@ -382,6 +403,10 @@ struct BackwardSteps {
 //   static bool backward_steps(const Tensor& like, const BackwardSteps&):
 //       run all the steps (fused path) in one go, or return false for the
 //       one-at-a-time loop;
+//   static bool step_product(const Tensor& like, const StepProduct&,
+//       std::optional<Tensor>& workspace): run a forward step's product
+//       (workspace: the call's scratch, which the device may allocate or
+//       grow), or return false for aten::mm;
 //   static bool steps_read_weights(const Tensor& like, const Dims&): whether
 //       forward_steps runs (and never returns false) with kernels that read
 //       W_h in place (ForwardSteps::w_h), so that no W_h^T copy is made;
@@ -497,7 +522,7 @@ ForwardResult sequence_forward(const Tensor& input_arg, const Tensor& weights_ar
   // Step by step: the one-step fused kernels run a fixed batch, so a packed
   // run takes the cuBLAS-product path, each step on its leading rows.
   const bool step_fused = fused && !rows.packed();
-  std::optional<Tensor> rec;
+  std::optional<Tensor> rec, workspace;
   for (int64_t t0 = 0; t0 < T && rows.at(t0) > 0; t0 += K) {
     const int64_t t1 = std::min(T, t0 + K), steps = t1 - t0;
     // Chunk slots: step t's gates and cell state at slot t - t0.
@@ -539,7 +564,6 @@ ForwardResult sequence_forward(const Tensor& input_arg, const Tensor& weights_ar
       // later chunk writes them again for the rows that go on.
       if (Dev::forward_steps(like, all)) continue;
     }
-    if (!step_fused && !rec) rec = alloc(op, "a step's recurrent product", like, {B, S3});
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t n = rows.at(t);
       if (n == 0) break;  // non-increasing: no row runs from here on
@@ -554,16 +578,24 @@ ForwardResult sequence_forward(const Tensor& input_arg, const Tensor& weights_ar
       s.c = slot_cells(t);
       s.h_n = t == T - 1 && !rows.packed() ? r.h_n.mutable_data_ptr() : nullptr;
       s.c_n = t == T - 1 && !rows.packed() ? r.c_n.mutable_data_ptr() : nullptr;
+      s.rec = nullptr;
+      s.w_hT = nullptr;
       if (step_fused) {
-        s.rec = nullptr;
         s.w_hT = w_hT_ptr();
+      } else if (!rows.packed() &&
+                 Dev::step_product(like,
+                                   {op, n, S3, S, s.h_prev, S, weights.const_data_ptr(), L, true,
+                                    s.gates, S3, /*accumulate=*/true, tf32},
+                                   workspace)) {
+        // G_t = P_t + h_{t-1} W_h^T, added in place: the cell adds the bias.
+        s.product_in_gates = true;
       } else {
         const Tensor h_prev = t ? view_of(r.outputs, {n, S}, {S, 1}, (t - 1) * B * S)
                                 : view_of(old_h, {n, S}, {S, 1});
+        if (!rec) rec = alloc(op, "a step's recurrent product", like, {B, S3});
         Tensor rec_n = view_of(*rec, {n, S3}, {S3, 1});
         mm_out(op, rec_n, h_prev, w_hT_view);
         s.rec = rec->const_data_ptr();
-        s.w_hT = nullptr;
       }
       Dev::forward_step(like, s);
       if (rows.packed()) {

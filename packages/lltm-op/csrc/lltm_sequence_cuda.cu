@@ -57,6 +57,7 @@
 
 #include "lltm.h"
 #include "lltm_sequence.h"
+#include "lltm_sequence_cublaslt.h"
 #include "opscommon/checks.h"
 #include "opscommon/cuda.h"
 #include "opscommon/dispatch.h"
@@ -105,6 +106,13 @@ constexpr int64_t kFusedMaxMacs = int64_t(1) << 26;
 // Shared memory the persistent kernels may stage a step's state in (a block's
 // static shared memory for the reductions comes on top; 48 KB needs no opt-in).
 constexpr size_t kMaxStageBytes = 32 * 1024;
+// The most workspace a cuBLASLt step product may take (a split-K
+// algorithm's partial sums; allocated once a call, what the chosen
+// algorithm needs). Measured (H100, float32, one product): with none the
+// heuristic's choices took up to 3x as long (B64 S1024 backward 58 against
+// 20 us); with 32 MiB, torch's cuBLAS workspace on sm_90, as long as
+// aten::mm's.
+constexpr size_t kCublasLtWorkspaceBytes = size_t(32) << 20;
 
 // A value another block of this launch wrote: from L2, past this SM's L1.
 template <typename T>
@@ -154,12 +162,13 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t r = i / S;
     const int64_t j = i - r * S;
     T* g = gates + r * 3 * S;
-    const T* p = rec + r * 3 * S;
     A pre[3];
 #pragma unroll
     for (int k = 0; k < 3; ++k) {
       const int64_t col = k * S + j;
-      const T v = to_storage<T>(to_acc(g[col]) + to_acc(p[col]) + to_acc(bias[col]));
+      // rec null: the product was added into the gates already.
+      const A product = rec != nullptr ? to_acc(rec[r * 3 * S + col]) : A(0);
+      const T v = to_storage<T>(to_acc(g[col]) + product + to_acc(bias[col]));
       g[col] = v;
       pre[k] = to_acc(v);
     }
@@ -1718,7 +1727,7 @@ struct CudaDev {
     const cudaStream_t stream = opscommon::current_stream(device);
     opscommon::dispatch_floating(like.scalar_type(), kSeqForward, [&](auto tag) {
       using T = decltype(tag);
-      if (s.rec == nullptr) {
+      if (s.rec == nullptr && !s.product_in_gates) {
         const dim3 grid(grid_dim((s.S + 31) / 32, "the state size"),
                         grid_dim(fused_block_rows(s.B), "the batch"));
         forward_fused_kernel<T><<<grid, 32 * kWarps, 0, stream>>>(
@@ -1735,6 +1744,84 @@ struct CudaDev {
       }
       OPSCOMMON_CUDA_CHECK_LAUNCH();
     });
+  }
+
+  // A forward step's product through cuBLASLt (see lltm_sequence_cublaslt.h),
+  // added into the gates, where it runs on tensor cores (float16, bfloat16,
+  // float32 on TF32), the library is loaded and an algorithm fits;
+  // LLTM_OP_SEQUENCE_CUBLASLT=0 leaves every product to aten::mm (tests,
+  // A/B). Measured (H100, T256, B256 S1024, float32 on TF32, us a step):
+  // forward 26.1 against 32.9 (the host's time, not the GPU's: the cell no
+  // longer reads a separate product). Not taken: full float32, where the
+  // heuristic's first algorithm is a slower FMA kernel than aten::mm's
+  // (forward 101 against 90 us), and the backward's products, where it is
+  // too (float32 on TF32 20.4 against 13.9 us a product; full float32 at B64
+  // S1024 475 against 16).
+  static bool step_product(const Tensor& like, const StepProduct& p,
+                           std::optional<Tensor>& workspace) {
+    using ST = torch::headeronly::ScalarType;
+    namespace lt = cublaslt;
+    const ST st = like.scalar_type();
+    if (p.rows * p.cols * p.depth == 0 || lt::api() == nullptr ||
+        env_int("LLTM_OP_SEQUENCE_CUBLASLT", 1) == 0) {
+      return false;
+    }
+    int dtype = 0;
+    if (st == ST::Float && p.tf32) {
+      dtype = lt::kR32F;
+    } else if (st == ST::Half) {
+      dtype = lt::kR16F;
+    } else if (st == ST::BFloat16) {
+      dtype = lt::kR16BF;
+    } else {
+      return false;
+    }
+    const int device = like.get_device();
+    const lt::Handle h = lt::handle(device);
+    if (h == nullptr) return false;
+    // Column-major, as cuBLASLt sees the row-major product: out^T (cols x
+    // rows) = w(k, c)^T (cols x depth) a^T (depth x rows).
+    const lt::Shape shape{dtype,
+                          st == ST::Float ? lt::kCompute32FFastTf32 : lt::kCompute32F,
+                          static_cast<uint64_t>(p.cols),
+                          static_cast<uint64_t>(p.rows),
+                          static_cast<uint64_t>(p.depth),
+                          p.w_transposed,
+                          p.ldw,
+                          p.lda,
+                          p.ldo,
+                          lt::alignment(p.w),
+                          lt::alignment(p.a),
+                          lt::alignment(p.out)};
+    // LLTM_OP_SEQUENCE_CUBLASLT_WORKSPACE=MiB caps it otherwise (tuning).
+    const int64_t max_ws = env_int("LLTM_OP_SEQUENCE_CUBLASLT_WORKSPACE", -1);
+    const size_t most = max_ws >= 0 ? static_cast<size_t>(max_ws) << 20 : kCublasLtWorkspaceBytes;
+    struct Key {
+      int device;
+      lt::Shape shape;
+      size_t most;
+      bool operator==(const Key& o) const {
+        return device == o.device && shape == o.shape && most == o.most;
+      }
+    };
+    const lt::Plan plan = remembered<lt::Plan>(Key{device, shape, most},
+                                               [&] { return lt::make_plan(h, shape, most); });
+    if (!plan.ok) return false;
+    void* ws = nullptr;
+    if (plan.workspace > 0) {
+      const auto bytes = static_cast<int64_t>(plan.workspace);
+      if (!workspace || workspace->numel() < bytes) {
+        workspace = alloc(p.op, "the cuBLASLt workspace", like, {bytes}, aoti_torch_dtype_uint8());
+      }
+      ws = workspace->mutable_data_ptr();
+    }
+    const float one = 1.0f, beta = p.accumulate ? 1.0f : 0.0f;
+    const int status = lt::api()->matmul(
+        h, plan.desc.get(), &one, p.w, plan.a.get(), p.a, plan.b.get(), &beta, p.out, plan.c.get(),
+        p.out, plan.c.get(), &plan.algo, ws, plan.workspace, opscommon::current_stream(device));
+    OPSCOMMON_CHECK(status == 0, p.op, ": a step's recurrent product (cublasLtMatmul, ", p.rows,
+                    " x ", p.depth, " @ ", p.depth, " x ", p.cols, ") failed with status ", status);
+    return true;
   }
 
   static void backward_step(const Tensor& like, const BackwardStep& s, bool fused) {

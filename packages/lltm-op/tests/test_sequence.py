@@ -843,7 +843,10 @@ def test_short_training_loop_loss_falls(device):
 # (one launch for the forward, one per backward chunk; the default where the
 # fused path runs and the grid fits the GPU).
 PATHS = {
+    # The step products through cuBLASLt (float32, float16, bfloat16; float64
+    # and where no algorithm fits: aten::mm), or all through aten::mm.
     "cublas": {"LLTM_OP_SEQUENCE_FUSED": "0"},
+    "cublas_aten": {"LLTM_OP_SEQUENCE_FUSED": "0", "LLTM_OP_SEQUENCE_CUBLASLT": "0"},
     "fused": {"LLTM_OP_SEQUENCE_FUSED": "1", "LLTM_OP_SEQUENCE_PERSISTENT": "0"},
     "persistent": {
         "LLTM_OP_SEQUENCE_FUSED": "1",
@@ -1393,6 +1396,65 @@ def test_cuda_float32_uses_tf32_only_where_torch_allows_it():
         finally:
             torch.set_float32_matmul_precision("highest")
     assert count_tc(names, "forward") > 0, names
+
+
+def _mm_calls(fn) -> tuple[int, list[str]]:
+    """aten::mm calls through torch's dispatcher in fn (the op's own
+    included), and the CUDA kernels it ran."""
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=acts) as prof:
+        fn()
+        torch.cuda.synchronize()
+    events = prof.events()
+    mm = sum(1 for e in events if e.name == "aten::mm")
+    return mm, [e.name for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize(
+    "dtype,tf32",
+    [(torch.float32, False), (torch.float32, True), (torch.float16, False), (torch.bfloat16, False)],
+    ids=["float32", "float32-tf32", "float16", "bfloat16"],
+)
+def test_cuda_cublas_path_runs_its_forward_products_in_cublaslt(dtype, tf32):
+    """On the cuBLAS path the forward's step products on tensor cores (h
+    W_h^T, added into the gates; float16, bfloat16, float32 on TF32) go to
+    cuBLASLt, not through torch's dispatcher: six more steps make six more
+    aten::mm calls (the backward's), twelve with LLTM_OP_SEQUENCE_CUBLASLT=0
+    or in full float32. float32 uses TF32 kernels exactly where torch allows
+    them; values and gradients match float64 (B and S off every tile)."""
+    need("cuda")
+    F, S, B = 24, 200, 37
+    gen = torch.Generator().manual_seed(5)
+    calls, named = {}, {}
+    for lt in ("1", "0"):
+        for T in (4, 10):
+            args = [t.requires_grad_() for t in make_args(T, B, F, S, dtype=dtype, device="cuda", generator=gen)]
+            ref_args = [t.detach().double().cpu().requires_grad_() for t in args]
+            out = []
+
+            def run(args=args, out=out):
+                out.extend(flat(lltm_sequence(*args)))
+                torch.autograd.backward(out, [torch.ones_like(o) for o in out])
+
+            chunks = dict(LLTM_OP_SEQUENCE_CHUNKS="2")  # the same chunk products at both T
+            with env(LLTM_OP_SEQUENCE_FUSED="0", LLTM_OP_SEQUENCE_CUBLASLT=lt, **chunks), tf32_matmul(tf32):
+                calls[lt, T], named[lt, T] = _mm_calls(run)
+            ref = flat(reference(*ref_args))
+            torch.autograd.backward(ref, [torch.ones_like(r) for r in ref])
+            limit = 5e-3 if tf32 else {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 3e-2}[dtype]
+            for name, o, r in zip(("outputs", "h_n", "c_n"), out, ref):
+                assert rel_err(o.detach().cpu(), r) <= limit, (lt, T, name)
+            for name, a, r in zip(("input", "weights", "bias", "old_h", "old_cell"), args, ref_args):
+                assert rel_err(a.grad.cpu(), r.grad) <= limit, (lt, T, f"grad of {name}")
+    cublaslt = dtype != torch.float32 or tf32
+    assert calls["1", 10] - calls["1", 4] == (6 if cublaslt else 12), calls
+    assert calls["0", 10] - calls["0", 4] == 12, calls
+    if dtype == torch.float32:
+        # cuBLAS names its TF32 kernels so (tf32 in the name, or s1688 /
+        # tf32 tensor-op CUTLASS kernels).
+        uses_tf32 = any("tf32" in n or "s1688" in n for n in named["1", 10])
+        assert uses_tf32 == tf32, named["1", 10]
 
 
 @pytest.mark.cuda
