@@ -843,8 +843,9 @@ def test_short_training_loop_loss_falls(device):
 # (one launch for the forward, one per backward chunk; the default where the
 # fused path runs and the grid fits the GPU).
 PATHS = {
-    # The step products through cuBLASLt (float32, float16, bfloat16; float64
-    # and where no algorithm fits: aten::mm), or all through aten::mm.
+    # The forward's step products on tensor cores through cuBLASLt (float16,
+    # bfloat16, float32 on TF32; the others through aten::mm), or all
+    # through aten::mm.
     "cublas": {"LLTM_OP_SEQUENCE_FUSED": "0"},
     "cublas_aten": {"LLTM_OP_SEQUENCE_FUSED": "0", "LLTM_OP_SEQUENCE_CUBLASLT": "0"},
     "fused": {"LLTM_OP_SEQUENCE_FUSED": "1", "LLTM_OP_SEQUENCE_PERSISTENT": "0"},
