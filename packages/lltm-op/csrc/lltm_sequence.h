@@ -304,25 +304,21 @@ struct ForwardStep {
   void* h_n;
   void* c_n;
   // rec is null because the step product was already added into gates
-  // (Dev::step_product with accumulate), not because the device computes it.
+  // (Dev::step_product), not because the device computes it.
   bool product_in_gates = false;
 };
 
-// One forward step's recurrent product on the cuBLAS path, row-major:
-// out[r, c] (+)= sum over k < depth of a[r * lda + k] * w(k, c), r < rows,
-// c < cols, where w(k, c) = w[c * ldw + k] (w_transposed) or w[k * ldw + c].
-// With accumulate, out += the product (out holds the input projection).
+// One forward step's recurrent product on the cuBLAS path, added into the
+// gates (which hold the input projection): G_t = P_t + h_{t-1} W_h^T, that
+// is gates[r, c] += sum over k < S of h[r * S + k] * w_h[c * ldw + k] for
+// r < rows, c < 3S (gates rows of stride 3S).
 struct StepProduct {
   const char* op;  // for errors
-  int64_t rows, cols, depth;
-  const void* a;
-  int64_t lda;
-  const void* w;
+  int64_t rows, S;
+  const void* h;
+  const void* w_h;
   int64_t ldw;
-  bool w_transposed;
-  void* out;
-  int64_t ldo;
-  bool accumulate;
+  void* gates;
   bool tf32;
 };
 
@@ -404,9 +400,9 @@ struct BackwardSteps {
 //       run all the steps (fused path) in one go, or return false for the
 //       one-at-a-time loop;
 //   static bool step_product(const Tensor& like, const StepProduct&,
-//       std::optional<Tensor>& workspace): run a forward step's product
-//       (workspace: the call's scratch, which the device may allocate or
-//       grow), or return false for aten::mm;
+//       std::optional<Tensor>& workspace): add a forward step's product into
+//       its gates (workspace: the call's scratch, which the device may
+//       allocate or grow), or return false for aten::mm;
 //   static bool steps_read_weights(const Tensor& like, const Dims&): whether
 //       forward_steps runs (and never returns false) with kernels that read
 //       W_h in place (ForwardSteps::w_h), so that no W_h^T copy is made;
@@ -584,11 +580,9 @@ ForwardResult sequence_forward(const Tensor& input_arg, const Tensor& weights_ar
         s.w_hT = w_hT_ptr();
       } else if (!rows.packed() &&
                  Dev::step_product(like,
-                                   {op, n, S3, S, s.h_prev, S, weights.const_data_ptr(), L, true,
-                                    s.gates, S3, /*accumulate=*/true, tf32},
+                                   {op, n, S, s.h_prev, weights.const_data_ptr(), L, s.gates, tf32},
                                    workspace)) {
-        // G_t = P_t + h_{t-1} W_h^T, added in place: the cell adds the bias.
-        s.product_in_gates = true;
+        s.product_in_gates = true;  // the cell adds the bias
       } else {
         const Tensor h_prev = t ? view_of(r.outputs, {n, S}, {S, 1}, (t - 1) * B * S)
                                 : view_of(old_h, {n, S}, {S, 1});

@@ -128,18 +128,17 @@ inline uint32_t alignment(const void* p) {
   return a;
 }
 
-// out (column-major m x n, ld ldc) (+)= op(A) (m x k) B (k x n): A column-major
-// (m x k, lda) or, transposed, (k x m, lda); B column-major (k x n, ldb).
+// out (column-major m x n, ld ldc) (+)= A^T B: A column-major (k x m, lda),
+// B column-major (k x n, ldb); the one layout the step product needs.
 struct Shape {
   int dtype, compute;
   uint64_t m, n, k;
-  bool a_transposed;
   int64_t lda, ldb, ldc;
   uint32_t align_a, align_b, align_c;
   bool operator==(const Shape& o) const {
     return dtype == o.dtype && compute == o.compute && m == o.m && n == o.n && k == o.k &&
-           a_transposed == o.a_transposed && lda == o.lda && ldb == o.ldb && ldc == o.ldc &&
-           align_a == o.align_a && align_b == o.align_b && align_c == o.align_c;
+           lda == o.lda && ldb == o.ldb && ldc == o.ldc && align_a == o.align_a &&
+           align_b == o.align_b && align_c == o.align_c;
   }
 };
 
@@ -157,14 +156,13 @@ inline Plan make_plan(Handle h, const Shape& s, size_t max_workspace) {
   void* desc = nullptr;
   if (f.desc_create(&desc, s.compute, kR32F) != 0) return p;
   p.desc = own(desc, f.desc_destroy);
-  const int32_t ta = s.a_transposed ? kOpT : kOpN, tb = kOpN;
+  const int32_t ta = kOpT, tb = kOpN;
   if (f.desc_set(desc, kDescTransA, &ta, sizeof(ta)) != 0 ||
       f.desc_set(desc, kDescTransB, &tb, sizeof(tb)) != 0) {
     return p;
   }
   void *a = nullptr, *b = nullptr, *c = nullptr;
-  const uint64_t a_rows = s.a_transposed ? s.k : s.m, a_cols = s.a_transposed ? s.m : s.k;
-  if (f.layout_create(&a, s.dtype, a_rows, a_cols, s.lda) != 0) return p;
+  if (f.layout_create(&a, s.dtype, s.k, s.m, s.lda) != 0) return p;
   p.a = own(a, f.layout_destroy);
   if (f.layout_create(&b, s.dtype, s.k, s.n, s.ldb) != 0) return p;
   p.b = own(b, f.layout_destroy);

@@ -1762,8 +1762,7 @@ struct CudaDev {
     using ST = torch::headeronly::ScalarType;
     namespace lt = cublaslt;
     const ST st = like.scalar_type();
-    if (p.rows * p.cols * p.depth == 0 || lt::api() == nullptr ||
-        env_int("LLTM_OP_SEQUENCE_CUBLASLT", 1) == 0) {
+    if (p.rows * p.S == 0 || lt::api() == nullptr || env_int("LLTM_OP_SEQUENCE_CUBLASLT", 1) == 0) {
       return false;
     }
     int dtype = 0;
@@ -1779,20 +1778,19 @@ struct CudaDev {
     const int device = like.get_device();
     const lt::Handle h = lt::handle(device);
     if (h == nullptr) return false;
-    // Column-major, as cuBLASLt sees the row-major product: out^T (cols x
-    // rows) = w(k, c)^T (cols x depth) a^T (depth x rows).
+    // Column-major, as cuBLASLt sees the row-major product: gates^T (3S x
+    // rows) += (W_h^T, column-major S x 3S)^T (h^T, S x rows).
     const lt::Shape shape{dtype,
                           st == ST::Float ? lt::kCompute32FFastTf32 : lt::kCompute32F,
-                          static_cast<uint64_t>(p.cols),
+                          static_cast<uint64_t>(3 * p.S),
                           static_cast<uint64_t>(p.rows),
-                          static_cast<uint64_t>(p.depth),
-                          p.w_transposed,
+                          static_cast<uint64_t>(p.S),
                           p.ldw,
-                          p.lda,
-                          p.ldo,
-                          lt::alignment(p.w),
-                          lt::alignment(p.a),
-                          lt::alignment(p.out)};
+                          p.S,
+                          3 * p.S,
+                          lt::alignment(p.w_h),
+                          lt::alignment(p.h),
+                          lt::alignment(p.gates)};
     // LLTM_OP_SEQUENCE_CUBLASLT_WORKSPACE=MiB caps it otherwise (tuning).
     const int64_t max_ws = env_int("LLTM_OP_SEQUENCE_CUBLASLT_WORKSPACE", -1);
     const size_t most = max_ws >= 0 ? static_cast<size_t>(max_ws) << 20 : kCublasLtWorkspaceBytes;
@@ -1815,12 +1813,13 @@ struct CudaDev {
       }
       ws = workspace->mutable_data_ptr();
     }
-    const float one = 1.0f, beta = p.accumulate ? 1.0f : 0.0f;
-    const int status = lt::api()->matmul(
-        h, plan.desc.get(), &one, p.w, plan.a.get(), p.a, plan.b.get(), &beta, p.out, plan.c.get(),
-        p.out, plan.c.get(), &plan.algo, ws, plan.workspace, opscommon::current_stream(device));
+    const float one = 1.0f;  // alpha, and beta: added into the gates
+    const int status =
+        lt::api()->matmul(h, plan.desc.get(), &one, p.w_h, plan.a.get(), p.h, plan.b.get(), &one,
+                          p.gates, plan.c.get(), p.gates, plan.c.get(), &plan.algo, ws,
+                          plan.workspace, opscommon::current_stream(device));
     OPSCOMMON_CHECK(status == 0, p.op, ": a step's recurrent product (cublasLtMatmul, ", p.rows,
-                    " x ", p.depth, " @ ", p.depth, " x ", p.cols, ") failed with status ", status);
+                    " x ", p.S, " @ ", p.S, " x ", 3 * p.S, ") failed with status ", status);
     return true;
   }
 

@@ -927,11 +927,22 @@ def test_cuda_paths_match_the_reference(path, dtype, size):
         assert rel_err(a.grad.cpu(), r.grad) <= limit, f"grad of {name}"
 
 
-def _cuda_kernel_names(fn) -> list[str]:
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+def _profiled_events(fn, cpu: bool = False):
+    """torch.profiler's events of fn (CUDA; the CPU's operator calls too
+    where asked)."""
+    acts = [torch.profiler.ProfilerActivity.CUDA] + ([torch.profiler.ProfilerActivity.CPU] if cpu else [])
+    with torch.profiler.profile(activities=acts) as prof:
         fn()
         torch.cuda.synchronize()
-    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return prof.events()
+
+
+def _kernel_names(events) -> list[str]:
+    return [e.name for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+def _cuda_kernel_names(fn) -> list[str]:
+    return _kernel_names(_profiled_events(fn))
 
 
 @contextlib.contextmanager
@@ -1402,13 +1413,8 @@ def test_cuda_float32_uses_tf32_only_where_torch_allows_it():
 def _mm_calls(fn) -> tuple[int, list[str]]:
     """aten::mm calls through torch's dispatcher in fn (the op's own
     included), and the CUDA kernels it ran."""
-    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-    with torch.profiler.profile(activities=acts) as prof:
-        fn()
-        torch.cuda.synchronize()
-    events = prof.events()
-    mm = sum(1 for e in events if e.name == "aten::mm")
-    return mm, [e.name for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    events = _profiled_events(fn, cpu=True)
+    return sum(1 for e in events if e.name == "aten::mm"), _kernel_names(events)
 
 
 @pytest.mark.cuda
