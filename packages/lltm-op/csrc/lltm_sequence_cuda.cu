@@ -1752,11 +1752,11 @@ struct CudaDev {
   // LLTM_OP_SEQUENCE_CUBLASLT=0 leaves every product to aten::mm (tests,
   // A/B). Measured (H100, T256, B256 S1024, float32 on TF32, us a step):
   // forward 26.1 against 32.9 (the host's time, not the GPU's: the cell no
-  // longer reads a separate product). Not taken: full float32, where the
-  // heuristic's first algorithm is a slower FMA kernel than aten::mm's
-  // (forward 101 against 90 us), and the backward's products, where it is
-  // too (float32 on TF32 20.4 against 13.9 us a product; full float32 at B64
-  // S1024 475 against 16).
+  // longer reads a separate product). Not taken: full float32 and the
+  // backward's products. A build that sent them to cuBLASLt measured the
+  // same step times (B64 / B256 S1024: GPU-bound there); its first algorithm
+  // runs them within 1-4% of aten::mm's kernels
+  // (bench/results-h100/lltm_sequence_cublas_path_experiments.md).
   static bool step_product(const Tensor& like, const StepProduct& p,
                            std::optional<Tensor>& workspace) {
     using ST = torch::headeronly::ScalarType;
