@@ -82,9 +82,13 @@ inline bool local_small_k(int64_t S, bool forward) {
   const int64_t KC = ((forward ? S : 3 * S) + kChunk<T> - 1) / kChunk<T>;
   return KC <= (forward ? 4 : 12);
 }
-// Register fragments of RC chunks (an array of one where RC is 0, unused).
+// Register fragments of RC chunks (an array of one where RC is 0, unused):
+// v[chunk][k tile][nt]. A struct, not an alias template of the array type:
+// nvcc 12.4's front end stops with an internal error on that alias.
 template <int RC, int NT>
-using RegChunks = uint2[RC > 0 ? RC : 1][2][NT];
+struct RegChunks {
+  uint2 v[RC > 0 ? RC : 1][2][NT];
+};
 // Blocks a cluster: sm_90 allows up to 16 (8 portably).
 constexpr int kLocalMaxCluster = 16;
 
@@ -291,7 +295,7 @@ __device__ __forceinline__ void mma_a_chunks(float (&lo)[NT][4], float (&hi)[NT]
 }
 
 // As mma_a_chunks, with the weight fragments of chunks c .. c + G - 1 from
-// registers (wr[chunk][k tile][nt]; c + G <= RC, c known at compile time).
+// registers (wr.v[chunk][k tile][nt]; c + G <= RC, c known at compile time).
 template <typename T, int NT, int G, int RC>
 __device__ __forceinline__ void mma_reg_chunks(float (&lo)[NT][4], float (&hi)[NT][4],
                                                const uint32_t (&v)[G][2][4], int c, int KC,
@@ -300,9 +304,9 @@ __device__ __forceinline__ void mma_reg_chunks(float (&lo)[NT][4], float (&hi)[N
   for (int u = 0; u < G; ++u) {
     if (c + u >= KC) break;
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) mma_tile<T>(lo[nt], v[u][0], wr[c + u][0][nt]);
+    for (int nt = 0; nt < NT; ++nt) mma_tile<T>(lo[nt], v[u][0], wr.v[c + u][0][nt]);
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) mma_tile<T>(hi[nt], v[u][1], wr[c + u][1][nt]);
+    for (int nt = 0; nt < NT; ++nt) mma_tile<T>(hi[nt], v[u][1], wr.v[c + u][1][nt]);
   }
 }
 
@@ -317,7 +321,7 @@ __device__ __forceinline__ void load_reg_chunks(RegChunks<RC, NT>& wr, const uin
     for (int s = 0; s < 2; ++s) {
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
-        wr[c][s][nt] = c < KC ? frag[((2 * c + s) * NT + nt) * 32 + lane] : make_uint2(0u, 0u);
+        wr.v[c][s][nt] = c < KC ? frag[((2 * c + s) * NT + nt) * 32 + lane] : make_uint2(0u, 0u);
       }
     }
   }
@@ -509,10 +513,14 @@ __device__ __forceinline__ void combine_halves(float (&acc)[NT][4], float* scrat
   }
 }
 
+// v[m][e][nt][c] (an array of one turn where KM is 0, unused). A struct,
+// like RegChunks, for nvcc 12.4's front end.
 template <int KM, int NT>
-using FmaWeights = float[KM > 0 ? KM : 1][4][NT][2];
+struct FmaWeights {
+  float v[KM > 0 ? KM : 1][4][NT][2];
+};
 
-// This lane's weights of turns m0 .. m0 + KM - 1: w[m][e][nt][c] = at(k,
+// This lane's weights of turns m0 .. m0 + KM - 1: w.v[m][e][nt][c] = at(k,
 // nt, c) for k = 32 (m0 + m) + 4 g + e below K, zero past it.
 template <int KM, int NT, typename At>
 __device__ __forceinline__ void load_fma_weights(FmaWeights<KM, NT>& w, int64_t K, int m0, At at) {
@@ -525,7 +533,7 @@ __device__ __forceinline__ void load_fma_weights(FmaWeights<KM, NT>& w, int64_t 
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
-        for (int c = 0; c < 2; ++c) w[m][e][nt][c] = k < K ? at(k, nt, c) : 0.f;
+        for (int c = 0; c < 2; ++c) w.v[m][e][nt][c] = k < K ? at(k, nt, c) : 0.f;
       }
     }
   }
@@ -553,7 +561,7 @@ __device__ __forceinline__ void fma_product(float (&acc)[NT][4], const float* bu
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
-          for (int c = 0; c < 2; ++c) part[r][nt][c] = fmaf(x[e], w[m][e][nt][c], part[r][nt][c]);
+          for (int c = 0; c < 2; ++c) part[r][nt][c] = fmaf(x[e], w.v[m][e][nt][c], part[r][nt][c]);
         }
       }
     }
