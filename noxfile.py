@@ -52,7 +52,7 @@ def _ops_cuda() -> bool:
 @nox.session(python=list(M.pythons))
 def tests(session: nox.Session) -> None:
     """Build + test every package (CPU), build one from its sdist in isolation,
-    compile every CUDA source (no GPU needed).
+    compile every CUDA source with each toolkit of matrix.toml (no GPU needed).
 
     `-- round-op` (package names, `opscommon`, `tools`, `integration`)
     limits it; other arguments go to pytest; `-- --no-cuda-compile` skips
@@ -69,7 +69,10 @@ def tests(session: nox.Session) -> None:
     if args.suites is None and "round-op" in built:  # the smallest op: one isolated sdist build
         steps.build_sdist_in_isolation(session, results, "round-op", version)
     if compile_cuda:
-        steps.cuda_compile_check(session, results, M, args.packages, tk)
+        # Every CUDA variant's toolkit: nvcc 12.4 stopped on code 13.0 built
+        # (lltm-op 0.6.7 to 0.6.13), and the wheels of both ship.
+        for toolkit in M.toolkits.values():
+            steps.cuda_compile_check(session, results, M, args.packages, toolkit)
     results.finish()
 
 
