@@ -83,6 +83,12 @@ def reference64(*args):
     return flat(reference(*(t.double() for t in args)))
 
 
+# rel_err limits against float64 by dtype, and float32's on TF32 tensor
+# cores (products of operands rounded to 10-bit mantissas).
+LIMITS = {torch.float64: 1e-12, torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 3e-2}
+TF32_LIMIT = 5e-3
+
+
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     ref = ref.double()
     denom = ref.norm().item()
@@ -393,7 +399,7 @@ def test_norm_error_against_float64(device, dtype):
     device = need(device)
     if device == "cpu" and dtype == torch.float16:
         pytest.skip("float16 matrix products on the CPU are slow; covered on CUDA")
-    limit = {torch.float64: 1e-12, torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 3e-2}[dtype]
+    limit = LIMITS[dtype]
     gen = torch.Generator().manual_seed(3)
     args = [t.requires_grad_() for t in make_args(24, 8, 16, 32, dtype=dtype, device=device, generator=gen)]
     ref_args = [t.detach().double().requires_grad_() for t in args]
@@ -912,7 +918,7 @@ def test_cuda_paths_match_the_reference(path, dtype, size):
     130; B = 70 past 64 rows) and over several chunks, against float64."""
     need("cuda")
     gen = torch.Generator().manual_seed(sum(size))
-    limit = {torch.float64: 1e-12, torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 3e-2}[dtype]
+    limit = LIMITS[dtype]
     with env(**PATHS[path], LLTM_OP_SEQUENCE_CHUNKS=2):
         args = [t.requires_grad_() for t in make_args(*size, dtype=dtype, device="cuda", generator=gen)]
         ref_args = [t.detach().double().cpu().requires_grad_() for t in args]
@@ -986,7 +992,7 @@ def test_cuda_tensor_core_kernels_run_and_match_the_reference(dtype, size):
     T, B, F, S = size
     gen = torch.Generator().manual_seed(sum(size))
     # float32 on TF32: products of operands rounded to 10-bit mantissas.
-    limit = {torch.float16: 1e-2, torch.bfloat16: 3e-2, torch.float32: 5e-3}[dtype]
+    limit = TF32_LIMIT if dtype == torch.float32 else LIMITS[dtype]
     chunks = min(2, T)
     with env(LLTM_OP_SEQUENCE_TENSOR_CORES="1", LLTM_OP_SEQUENCE_CHUNKS=chunks), tf32_matmul(True):
         args = [t.requires_grad_() for t in make_args(*size, dtype=dtype, device="cuda", generator=gen)]
@@ -1068,7 +1074,7 @@ def test_cuda_block_local_clusters_match_the_reference(dtype, C, S, packed, spli
     assert count_tc(names, "backward", True) == 2, names
     forward = [m.group(0) for n in names if (m := re.search(r"forward_tc_local_kernel<[^>]*>", n))]
     assert [f.endswith(", 2>") for f in forward] == [splits and split == 2], forward
-    limit = {torch.float16: 1e-2, torch.bfloat16: 3e-2, torch.float32: 5e-3}[dtype]
+    limit = TF32_LIMIT if dtype == torch.float32 else LIMITS[dtype]
     assert_packed_run_matches(out, args, ref, ref_args, grads, lengths, limit)
 
 
@@ -1086,7 +1092,7 @@ def test_cuda_global_kernels_half_rows_match_the_reference(dtype, size, half_row
     if torch.cuda.get_device_capability()[0] < 8:
         pytest.skip("the tensor-core kernels need sm_80 or newer")
     gen = torch.Generator().manual_seed(sum(size))
-    limit = {torch.float16: 1e-2, torch.bfloat16: 3e-2}[dtype]
+    limit = LIMITS[dtype]
     T, B = size[:2]
     lengths = [T] * B  # a whole batch: the packed case's reference and checks, every row full
     args = make_args(*size, dtype=dtype, device="cuda", generator=gen)
@@ -1134,7 +1140,7 @@ def test_cuda_global_kernels_in_each_block_shape_match_the_reference(dtype, size
     if -(-S // (8 * q)) * -(-B // bm) > torch.cuda.get_device_properties(0).multi_processor_count:
         pytest.skip("that block shape's grid may not be resident at once here")
     gen = torch.Generator().manual_seed(sum(size) + shape)
-    limit = {torch.float16: 1e-2, torch.bfloat16: 3e-2, torch.float32: 5e-3}[dtype]
+    limit = TF32_LIMIT if dtype == torch.float32 else LIMITS[dtype]
     lengths = [T] * B  # a whole batch: the packed case's reference and checks, every row full
     args = make_args(T, B, F, S, dtype=dtype, device="cuda", generator=gen)
     args, ref_args, ref, grads = packed_case(args, lengths, gen)
@@ -1337,9 +1343,9 @@ def test_cuda_paths_run_packed_rows(path, dtype, T, B, F, S):
         assert sum("forward_resident_kernel" in n for n in names) == 1, names
         assert sum("backward_resident_kernel" in n for n in names) == 2, names
         assert not any("cell_kernel" in n for n in names), names
-    limit = {torch.float64: 1e-12, torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 3e-2}[dtype]
+    limit = LIMITS[dtype]
     if path == "tf32":
-        limit = 5e-3
+        limit = TF32_LIMIT
     assert_packed_run_matches(out, args, ref, ref_args, grads, lengths, limit)
 
 
@@ -1398,7 +1404,7 @@ def test_cuda_float32_uses_tf32_only_where_torch_allows_it():
         with tf32_matmul(allowed):
             names = _cuda_kernel_names(lambda run=run, got=got: got.extend(flat(run(*args))))
         assert (count_tc(names, "forward") > 0) == allowed, (allowed, names)
-        limit = 5e-3 if allowed else 1e-5
+        limit = TF32_LIMIT if allowed else LIMITS[torch.float32]
         for g, r in zip(got, want):
             assert rel_err(g.cpu().double(), r) <= limit, allowed
     with tf32_matmul(False):
@@ -1449,7 +1455,7 @@ def test_cuda_cublas_path_runs_its_forward_products_in_cublaslt(dtype, tf32):
                 calls[lt, T], named[lt, T] = _mm_calls(run)
             ref = flat(reference(*ref_args))
             torch.autograd.backward(ref, [torch.ones_like(r) for r in ref])
-            limit = 5e-3 if tf32 else {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 3e-2}[dtype]
+            limit = TF32_LIMIT if tf32 else LIMITS[dtype]
             for name, o, r in zip(("outputs", "h_n", "c_n"), out, ref):
                 assert rel_err(o.detach().cpu(), r) <= limit, (lt, T, name)
             for name, a, r in zip(("input", "weights", "bias", "old_h", "old_cell"), args, ref_args):
@@ -1870,7 +1876,7 @@ def test_batch_sizes_run_each_row_for_its_own_length(device, dtype, lengths, F, 
     args, ref_args, ref, grads = packed_case(args, lengths, gen)
     out = run_op(*args, batch_sizes_of(lengths, T))[:3]
     torch.autograd.backward(out, [g.to(device, dtype) for g in grads])
-    limit = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 3e-2}[dtype]
+    limit = LIMITS[dtype]
     assert_packed_run_matches(out, args, ref, ref_args, grads, lengths, limit)
 
 
