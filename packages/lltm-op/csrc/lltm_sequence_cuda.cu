@@ -185,7 +185,12 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // Block (32, kBwdRows): threadIdx.x a column, threadIdx.y and blockIdx.y
-// stride over rows. partial: [gridDim.y, 3S], this block row's bias sums.
+// stride over rows, kCellRows rows a thread a pass: every load of the pass
+// is issued before its first store (dc_out may be dc_in, so the compiler
+// could not move a later row's loads above an earlier row's stores), so a
+// thread waits on memory once a pass, not once a row. partial: [gridDim.y,
+// 3S], this block row's bias sums.
+constexpr int kCellRows = 2;
 template <typename T>
 __global__ void __launch_bounds__(32 * kBwdRows)
     backward_cell_kernel(int64_t B, int64_t S, const T* __restrict__ go,
@@ -197,27 +202,40 @@ __global__ void __launch_bounds__(32 * kBwdRows)
   const int64_t j = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
   A sum[3] = {A(0), A(0), A(0)};
   if (j < S) {
-    const int64_t stride = static_cast<int64_t>(gridDim.y) * kBwdRows;
-    for (int64_t r = static_cast<int64_t>(blockIdx.y) * kBwdRows + threadIdx.y; r < B;
-         r += stride) {
-      const int64_t i = r * S + j;
-      A grad_h = A(0);
-      if (go != nullptr) grad_h += to_acc(go[i]);
-      if (other != nullptr) grad_h += to_acc(other[i]);
-      const A grad_c = dc_in != nullptr ? to_acc(dc_in[i]) : A(0);
-      const T* g = gates + r * 3 * S;
-      A d_i, d_o, d_z, d_c;
-      cell_backward_math<A, MathFor<T>>(grad_h, grad_c, to_acc(g[j]), to_acc(g[S + j]),
-                                        to_acc(g[2 * S + j]), to_acc(c_prev[i]), d_i, d_o, d_z,
-                                        d_c);
-      T* d = dg + r * 3 * S;
-      d[j] = to_storage<T>(d_i);
-      d[S + j] = to_storage<T>(d_o);
-      d[2 * S + j] = to_storage<T>(d_z);
-      dc_out[i] = to_storage<T>(d_c);
-      sum[0] += d_i;
-      sum[1] += d_o;
-      sum[2] += d_z;
+    const int64_t stride = static_cast<int64_t>(gridDim.y) * kBwdRows * kCellRows;
+    for (int64_t r0 = static_cast<int64_t>(blockIdx.y) * kBwdRows * kCellRows + threadIdx.y; r0 < B;
+         r0 += stride) {
+      A grad_h[kCellRows], grad_c[kCellRows], g[kCellRows][3], cell[kCellRows];
+#pragma unroll
+      for (int q = 0; q < kCellRows; ++q) {
+        const int64_t r = r0 + q * kBwdRows;
+        const bool in = r < B;
+        const int64_t i = r * S + j;
+        grad_h[q] = A(0);
+        if (in && go != nullptr) grad_h[q] += to_acc(go[i]);
+        if (in && other != nullptr) grad_h[q] += to_acc(other[i]);
+        grad_c[q] = in && dc_in != nullptr ? to_acc(dc_in[i]) : A(0);
+#pragma unroll
+        for (int k = 0; k < 3; ++k) g[q][k] = in ? to_acc(gates[r * 3 * S + k * S + j]) : A(0);
+        cell[q] = in ? to_acc(c_prev[i]) : A(0);
+      }
+#pragma unroll
+      for (int q = 0; q < kCellRows; ++q) {
+        const int64_t r = r0 + q * kBwdRows;
+        if (r >= B) break;
+        const int64_t i = r * S + j;
+        A d_i, d_o, d_z, d_c;
+        cell_backward_math<A, MathFor<T>>(grad_h[q], grad_c[q], g[q][0], g[q][1], g[q][2], cell[q],
+                                          d_i, d_o, d_z, d_c);
+        T* d = dg + r * 3 * S;
+        d[j] = to_storage<T>(d_i);
+        d[S + j] = to_storage<T>(d_o);
+        d[2 * S + j] = to_storage<T>(d_z);
+        dc_out[i] = to_storage<T>(d_c);
+        sum[0] += d_i;
+        sum[1] += d_o;
+        sum[2] += d_z;
+      }
     }
   }
 #pragma unroll
@@ -635,11 +653,13 @@ __global__ void __launch_bounds__(kTransposeTile* kTransposeRows)
 }
 
 // Rows of bias partial sums of the cuBLAS-path backward kernel: about one
-// wave of blocks, rows covered by the grid-stride loop.
+// wave of blocks (of 8 a multiprocessor), rows covered by the grid-stride
+// loop, kCellRows a thread a pass.
 int64_t backward_block_rows(int64_t B, int64_t S, int device) {
   const int64_t grid_x = (S + 31) / 32;
   const int64_t wave = static_cast<int64_t>(opscommon::multiprocessor_count(device)) * 8;
-  const int64_t want = std::max<int64_t>(1, (B + kBwdRows - 1) / kBwdRows);
+  const int64_t per_block = kBwdRows * kCellRows;
+  const int64_t want = std::max<int64_t>(1, (B + per_block - 1) / per_block);
   return std::min<int64_t>({want, std::max<int64_t>(1, wave / grid_x), 65535});
 }
 
