@@ -151,6 +151,23 @@ __device__ __forceinline__ T* stage_memory() {
 
 // -- cuBLAS path -------------------------------------------------------------------
 
+// Programmatic dependent launch (sm_90+): a cell kernel launched with
+// launch_after_prior may start while the step product before it finishes;
+// it waits here, before its first read, until that product's grid has
+// completed and its writes are visible. It then lets the next kernel (the
+// next step's product) launch: that kernel waits the same way before it
+// reads, so what it overlaps is its launch, not its work.
+__device__ __forceinline__ void wait_for_prior_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void let_next_grid_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     forward_cell_kernel(int64_t B, int64_t S, T* __restrict__ gates, const T* __restrict__ rec,
@@ -158,6 +175,8 @@ __global__ void __launch_bounds__(kThreads)
                         T* __restrict__ c, T* __restrict__ h_n, T* __restrict__ c_n) {
   using A = Acc<T>;
   const int64_t n = B * S;
+  wait_for_prior_grid();
+  let_next_grid_launch();
   OPSCOMMON_KERNEL_LOOP(i, n) {
     const int64_t r = i / S;
     const int64_t j = i - r * S;
@@ -201,6 +220,8 @@ __global__ void __launch_bounds__(32 * kBwdRows)
   __shared__ A red[kBwdRows][3][32];
   const int64_t j = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
   A sum[3] = {A(0), A(0), A(0)};
+  wait_for_prior_grid();
+  let_next_grid_launch();
   if (j < S) {
     const int64_t stride = static_cast<int64_t>(gridDim.y) * kBwdRows * kCellRows;
     for (int64_t r0 = static_cast<int64_t>(blockIdx.y) * kBwdRows * kCellRows + threadIdx.y; r0 < B;
@@ -661,6 +682,33 @@ int64_t backward_block_rows(int64_t B, int64_t S, int device) {
   const int64_t per_block = kBwdRows * kCellRows;
   const int64_t want = std::max<int64_t>(1, (B + per_block - 1) / per_block);
   return std::min<int64_t>({want, std::max<int64_t>(1, wave / grid_x), 65535});
+}
+
+// kernel<<<grid, block, 0, stream>>>(args...), allowed to launch before the
+// kernel ahead of it in the stream completes (programmatic dependent launch)
+// on sm_90+: the cuBLAS path's cell kernels, which wait for it at their
+// start (wait_for_prior_grid). It takes away part of the gap between a
+// step's kernels, which the GPU otherwise spends idle. On older GPUs, and
+// with LLTM_OP_SEQUENCE_PDL=0 (A/B), a plain launch.
+template <typename... Params, typename... Args>
+void launch_after_prior(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,
+                        int device, Args... args) {
+  const bool wanted = env_int("LLTM_OP_SEQUENCE_PDL", 1) != 0;
+  if (!wanted || opscommon::compute_capability_major(device) < 9) {
+    kernel<<<grid, block, 0, stream>>>(args...);
+    return;
+  }
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  OPSCOMMON_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...));
 }
 
 int64_t fused_block_rows(int64_t B) { return std::max<int64_t>(1, (B + kRows - 1) / kRows); }
@@ -1757,10 +1805,11 @@ struct CudaDev {
             static_cast<T*>(s.h_n), static_cast<T*>(s.c_n));
       } else {
         const auto cfg = opscommon::launch_config(s.B * s.S, device, kThreads, opscommon::kNoSmCap);
-        forward_cell_kernel<T><<<cfg.blocks, cfg.threads, 0, stream>>>(
-            s.B, s.S, static_cast<T*>(s.gates), static_cast<const T*>(s.rec),
-            static_cast<const T*>(s.bias), static_cast<const T*>(s.c_prev), static_cast<T*>(s.h),
-            static_cast<T*>(s.c), static_cast<T*>(s.h_n), static_cast<T*>(s.c_n));
+        launch_after_prior(forward_cell_kernel<T>, dim3(cfg.blocks), dim3(cfg.threads), stream,
+                           device, s.B, s.S, static_cast<T*>(s.gates), static_cast<const T*>(s.rec),
+                           static_cast<const T*>(s.bias), static_cast<const T*>(s.c_prev),
+                           static_cast<T*>(s.h), static_cast<T*>(s.c), static_cast<T*>(s.h_n),
+                           static_cast<T*>(s.c_n));
       }
       OPSCOMMON_CUDA_CHECK_LAUNCH();
     });
@@ -1862,10 +1911,11 @@ struct CudaDev {
       } else {
         const dim3 grid(gx, static_cast<unsigned int>(backward_block_rows(s.B, s.S, device)));
         const T* other = static_cast<const T*>(s.rec != nullptr ? s.rec : s.extra);
-        backward_cell_kernel<T><<<grid, dim3(32, kBwdRows), 0, stream>>>(
-            s.B, s.S, static_cast<const T*>(s.grad_out), other, static_cast<const T*>(s.dc_in),
-            static_cast<const T*>(s.gates), static_cast<const T*>(s.c_prev),
-            static_cast<T*>(s.d_gates), static_cast<T*>(s.dc_out), partial);
+        launch_after_prior(backward_cell_kernel<T>, grid, dim3(32, kBwdRows), stream, device, s.B,
+                           s.S, static_cast<const T*>(s.grad_out), other,
+                           static_cast<const T*>(s.dc_in), static_cast<const T*>(s.gates),
+                           static_cast<const T*>(s.c_prev), static_cast<T*>(s.d_gates),
+                           static_cast<T*>(s.dc_out), partial);
       }
       OPSCOMMON_CUDA_CHECK_LAUNCH();
     });

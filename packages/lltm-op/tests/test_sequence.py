@@ -1471,6 +1471,36 @@ def test_cuda_cublas_path_runs_its_forward_products_in_cublaslt(dtype, tf32):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_cublas_path_cell_kernels_launched_early_match_plain_launches(dtype):
+    """The cuBLAS path's cell kernels may launch before the step product
+    ahead of them finishes (programmatic dependent launch, sm_90+) and wait
+    for it inside the kernel: outputs and all five gradients equal those of
+    plain launches (LLTM_OP_SEQUENCE_PDL=0) bit for bit, and float64's
+    within the dtype's error. Before sm_90 both runs are plain launches."""
+    need("cuda")
+    T, B, F, S = 8, 64, 24, 515  # products long enough that an early start would race
+    inputs = make_args(T, B, F, S, dtype=dtype, device="cuda", generator=torch.Generator().manual_seed(11))
+    ref_args = [t.detach().double().cpu().requires_grad_() for t in inputs]
+    ref = flat(reference(*ref_args))
+    torch.autograd.backward(ref, [torch.ones_like(r) for r in ref])
+    got = {}
+    for pdl in ("1", "0"):
+        args = [t.detach().clone().requires_grad_() for t in inputs]
+        with env(LLTM_OP_SEQUENCE_FUSED="0", LLTM_OP_SEQUENCE_PDL=pdl):
+            out = flat(lltm_sequence(*args))
+            torch.autograd.backward(out, [torch.ones_like(o) for o in out])
+        got[pdl] = [o.detach() for o in out] + [a.grad for a in args]
+    names = ("outputs", "h_n", "c_n", "input", "weights", "bias", "old_h", "old_cell")
+    for name, a, b in zip(names, got["1"], got["0"]):
+        assert torch.equal(a, b), name
+    for name, o, r in zip(("outputs", "h_n", "c_n"), got["1"], ref):
+        assert rel_err(o.cpu(), r) <= LIMITS[dtype], name
+    for name, g, r in zip(("input", "weights", "bias", "old_h", "old_cell"), got["1"][3:], ref_args):
+        assert rel_err(g.cpu(), r.grad) <= LIMITS[dtype], f"grad of {name}"
+
+
+@pytest.mark.cuda
 def test_cuda_tensor_core_kernels_read_a_misaligned_initial_state():
     """old_h that starts at an odd element (a contiguous view of a larger
     buffer): the kernel reads h in 16-byte loads, so it gets an aligned copy."""
