@@ -180,6 +180,10 @@ struct CpuDev {
   static bool step_product(const Tensor&, const StepProduct&, std::optional<Tensor>&) {
     return false;  // aten::mm (torch's BLAS)
   }
+  static bool product(const Tensor&, const char*, Tensor&, const Tensor&, const Tensor&, bool, bool,
+                      std::optional<Tensor>&) {
+    return false;  // aten::mm
+  }
   static bool backward_steps(const Tensor&, const BackwardSteps&) { return false; }
 
   static void forward_step(const Tensor& like, const ForwardStep& s) {

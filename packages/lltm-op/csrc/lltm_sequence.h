@@ -403,6 +403,10 @@ struct BackwardSteps {
 //       std::optional<Tensor>& workspace): add a forward step's product into
 //       its gates (workspace: the call's scratch, which the device may
 //       allocate or grow), or return false for aten::mm;
+//   static bool product(const Tensor& like, const char* op, Tensor& out,
+//       const Tensor& a, const Tensor& b, bool accumulate, bool tf32,
+//       std::optional<Tensor>& workspace): a chunk's large product, out = a @ b
+//       (out += a @ b where accumulate), or return false for aten::mm;
 //   static bool steps_read_weights(const Tensor& like, const Dims&): whether
 //       forward_steps runs (and never returns false) with kernels that read
 //       W_h in place (ForwardSteps::w_h), so that no W_h^T copy is made;
@@ -429,6 +433,49 @@ void set_rows(const Tensor& like, void* dst, const void* src, int64_t r0, int64_
     Dev::zero_bytes(like, static_cast<char*>(dst) + off, bytes);
   }
 }
+
+// A call's large products (the input projection, the weight and input
+// gradients): the device's own (Dev::product) where it takes one, else
+// aten::mm; one workspace for the call's device products.
+template <class Dev>
+struct ChunkProducts {
+  const char* op;
+  const Tensor& like;
+  bool tf32;
+  std::optional<Tensor> workspace;
+
+  void set(Tensor& out, const Tensor& a, const Tensor& b) {
+    if (!Dev::product(like, op, out, a, b, false, tf32, workspace)) mm_out(op, out, a, b);
+  }
+  // out += a @ b where the device adds into out itself; false: not done.
+  bool add(Tensor& out, const Tensor& a, const Tensor& b) {
+    return Dev::product(like, op, out, a, b, true, tf32, workspace);
+  }
+};
+
+// dst = the sum of the products added (a weight gradient over the chunks):
+// the first written, the next added into it (through a scratch product and
+// Dev::add_into where the device does not add itself).
+struct GemmAccumulator {
+  const char* op;
+  Tensor dst;
+  std::optional<Tensor> tmp;
+  bool written = false;
+
+  template <class Dev>
+  void add(ChunkProducts<Dev>& products, const Tensor& a, const Tensor& b) {
+    if (!written) {
+      products.set(dst, a, b);
+      written = true;
+      return;
+    }
+    if (products.add(dst, a, b)) return;
+    if (!tmp)
+      tmp = alloc(op, "a weight-gradient partial", products.like, {dst.size(0), dst.size(1)});
+    mm_out(op, *tmp, a, b);
+    Dev::add_into(dst, *tmp);
+  }
+};
 
 struct ForwardResult {
   Tensor outputs, h_n, c_n, gates, cells;
@@ -518,7 +565,8 @@ ForwardResult sequence_forward(const Tensor& input_arg, const Tensor& weights_ar
   // Step by step: the one-step fused kernels run a fixed batch, so a packed
   // run takes the cuBLAS-product path, each step on its leading rows.
   const bool step_fused = fused && !rows.packed();
-  std::optional<Tensor> rec, workspace;
+  std::optional<Tensor> rec;
+  ChunkProducts<Dev> products{op, like, tf32, std::nullopt};
   for (int64_t t0 = 0; t0 < T && rows.at(t0) > 0; t0 += K) {
     const int64_t t1 = std::min(T, t0 + K), steps = t1 - t0;
     // Chunk slots: step t's gates and cell state at slot t - t0.
@@ -531,7 +579,7 @@ ForwardResult sequence_forward(const Tensor& input_arg, const Tensor& weights_ar
       // P = X W_x^T for the chunk's steps, straight into its gates slots.
       Tensor g2 = view_of(r.gates, {steps * B, S3}, {S3, 1});
       const Tensor x2 = view_of(input, {steps * B, F}, {F, 1}, t0 * B * F);
-      mm_out(op, g2, x2, w_xT);
+      products.set(g2, x2, w_xT);
     }
     if (fused) {
       ForwardSteps all{steps,
@@ -581,7 +629,7 @@ ForwardResult sequence_forward(const Tensor& input_arg, const Tensor& weights_ar
       } else if (!rows.packed() &&
                  Dev::step_product(like,
                                    {op, n, S, s.h_prev, weights.const_data_ptr(), L, s.gates, tf32},
-                                   workspace)) {
+                                   products.workspace)) {
         s.product_in_gates = true;  // the cell adds the bias
       } else {
         const Tensor h_prev = t ? view_of(r.outputs, {n, S}, {S, 1}, (t - 1) * B * S)
@@ -605,26 +653,6 @@ ForwardResult sequence_forward(const Tensor& input_arg, const Tensor& weights_ar
 
 struct BackwardResult {
   Tensor d_input, d_weights, d_bias, d_old_h, d_old_cell;
-};
-
-// dst (+)= a @ b: the first call writes dst, later ones add through tmp.
-struct GemmAccumulator {
-  const char* op;
-  Tensor dst;
-  std::optional<Tensor> tmp;
-  bool written = false;
-
-  template <class Dev>
-  void add(const Tensor& like, const Tensor& a, const Tensor& b) {
-    if (!written) {
-      mm_out(op, dst, a, b);
-      written = true;
-      return;
-    }
-    if (!tmp) tmp = alloc(op, "a weight-gradient partial", like, {dst.size(0), dst.size(1)});
-    mm_out(op, *tmp, a, b);
-    Dev::add_into(dst, *tmp);
-  }
 };
 
 template <class Dev>
@@ -691,6 +719,7 @@ BackwardResult sequence_backward(const std::optional<Tensor>& grad_outputs_arg,
   const Tensor w_h = view_of(weights, {S3, S}, {L, 1});
   const Tensor w_x = view_of(weights, {S3, F}, {L, 1}, S);
 
+  ChunkProducts<Dev> products{op, like, tf32, std::nullopt};
   GemmAccumulator acc_h{op, view_of(r.d_weights, {S3, S}, {L, 1})};
   GemmAccumulator acc_x{op, view_of(r.d_weights, {S3, F}, {L, 1}, S)};
 
@@ -799,24 +828,24 @@ BackwardResult sequence_backward(const std::optional<Tensor>& grad_outputs_arg,
     const Tensor dG2T = view_of(dG, {S3, n * B}, {1, S3});
     Dev::bias_chunk(like, partial, dG2);
     if (F > 0) {
-      acc_x.add<Dev>(like, dG2T, view_of(input, {n * B, F}, {F, 1}, t0 * B * F));
+      acc_x.add(products, dG2T, view_of(input, {n * B, F}, {F, 1}, t0 * B * F));
       if (input_grad) {
         Tensor dx = view_of(r.d_input, {n * B, F}, {F, 1}, t0 * B * F);
-        mm_out(op, dx, dG2, w_x);
+        products.set(dx, dG2, w_x);
       }
     }
     if (t0 > 0) {
-      acc_h.add<Dev>(like, dG2T, view_of(outputs, {n * B, S}, {S, 1}, (t0 - 1) * B * S));
+      acc_h.add(products, dG2T, view_of(outputs, {n * B, S}, {S, 1}, (t0 - 1) * B * S));
     } else {
       if (n > 1) {
-        acc_h.add<Dev>(like, view_of(dG, {S3, (n - 1) * B}, {1, S3}, B * S3),
-                       view_of(outputs, {(n - 1) * B, S}, {S, 1}));
+        acc_h.add(products, view_of(dG, {S3, (n - 1) * B}, {1, S3}, B * S3),
+                  view_of(outputs, {(n - 1) * B, S}, {S, 1}));
       }
-      acc_h.add<Dev>(like, view_of(dG, {S3, B}, {1, S3}), old_h);
+      acc_h.add(products, view_of(dG, {S3, B}, {1, S3}), old_h);
     }
   }
   // d_old_h = dG_0 W_h; dG_0 is in slot 0.
-  mm_out(op, r.d_old_h, slot_view(0, 1), w_h);
+  products.set(r.d_old_h, slot_view(0, 1), w_h);
   if (rows.packed()) {
     // Rows with no step (length 0): their final state is the initial one.
     set_rows<Dev>(like, r.d_old_h.mutable_data_ptr(), ghn ? ghn->const_data_ptr() : nullptr,

@@ -1,13 +1,14 @@
-// The cuBLAS path's step products through cuBLASLt, called directly: the
-// library torch itself loaded (libtorch_cuda links it), found by its soname
-// with dlopen, with a matmul descriptor, layouts and an algorithm chosen once
-// per shape and remembered.
+// The cuBLAS path's step products and a small call's chunk products (input
+// projection, weight and input gradients) through cuBLASLt, called
+// directly: the library torch itself loaded (libtorch_cuda links it), found
+// by its soname with dlopen, with a matmul descriptor, layouts and an
+// algorithm chosen once per shape and remembered.
 //
-// Why: a step product through torch's dispatcher (aten::mm) costs 17-25 us
-// of host time on the H100 machines measured, cublasLtMatmul with a chosen
+// Why: a product through torch's dispatcher (aten::mm) costs 17-25 us of
+// host time on the H100 machines measured, cublasLtMatmul with a chosen
 // algorithm 9-15 us. Where a step's kernels take less (float32 on TF32,
 // B256 S1024: a 10 us product and a 5 us cell), the loop ran at the host's
-// pace.
+// pace; a small call is mostly host time.
 //
 // No cuBLAS header or link: the few functions and values used are
 // cuBLASLt's C API (cublasLt.h, cublas_api.h, library_types.h), fixed within
@@ -128,17 +129,19 @@ inline uint32_t alignment(const void* p) {
   return a;
 }
 
-// out (column-major m x n, ld ldc) (+)= A^T B: A column-major (k x m, lda),
-// B column-major (k x n, ldb); the one layout the step product needs.
+// out (column-major m x n, ld ldc) (+)= op(A) op(B), column-major: A is
+// k x m (ld lda) where transa is kOpT, else m x k; B is n x k (ldb) where
+// transb is kOpT, else k x n. The step product is A^T B.
 struct Shape {
   int dtype, compute;
   uint64_t m, n, k;
   int64_t lda, ldb, ldc;
   uint32_t align_a, align_b, align_c;
+  int32_t transa = kOpT, transb = kOpN;
   bool operator==(const Shape& o) const {
     return dtype == o.dtype && compute == o.compute && m == o.m && n == o.n && k == o.k &&
            lda == o.lda && ldb == o.ldb && ldc == o.ldc && align_a == o.align_a &&
-           align_b == o.align_b && align_c == o.align_c;
+           align_b == o.align_b && align_c == o.align_c && transa == o.transa && transb == o.transb;
   }
 };
 
@@ -156,15 +159,15 @@ inline Plan make_plan(Handle h, const Shape& s, size_t max_workspace) {
   void* desc = nullptr;
   if (f.desc_create(&desc, s.compute, kR32F) != 0) return p;
   p.desc = own(desc, f.desc_destroy);
-  const int32_t ta = kOpT, tb = kOpN;
-  if (f.desc_set(desc, kDescTransA, &ta, sizeof(ta)) != 0 ||
-      f.desc_set(desc, kDescTransB, &tb, sizeof(tb)) != 0) {
+  if (f.desc_set(desc, kDescTransA, &s.transa, sizeof(s.transa)) != 0 ||
+      f.desc_set(desc, kDescTransB, &s.transb, sizeof(s.transb)) != 0) {
     return p;
   }
+  const bool ta = s.transa == kOpT, tb = s.transb == kOpT;
   void *a = nullptr, *b = nullptr, *c = nullptr;
-  if (f.layout_create(&a, s.dtype, s.k, s.m, s.lda) != 0) return p;
+  if (f.layout_create(&a, s.dtype, ta ? s.k : s.m, ta ? s.m : s.k, s.lda) != 0) return p;
   p.a = own(a, f.layout_destroy);
-  if (f.layout_create(&b, s.dtype, s.k, s.n, s.ldb) != 0) return p;
+  if (f.layout_create(&b, s.dtype, tb ? s.n : s.k, tb ? s.k : s.n, s.ldb) != 0) return p;
   p.b = own(b, f.layout_destroy);
   if (f.layout_create(&c, s.dtype, s.m, s.n, s.ldc) != 0) return p;
   p.c = own(c, f.layout_destroy);

@@ -113,6 +113,10 @@ constexpr size_t kMaxStageBytes = 32 * 1024;
 // 23.7 us a step); 4 MiB and 32 (torch's cuBLAS workspace on sm_90) gave
 // the same; 16-bit products ran as fast with none.
 constexpr size_t kCublasLtWorkspaceBytes = size_t(32) << 20;
+// The largest chunk product (multiply-adds) that CudaDev::product sends to
+// cuBLASLt: about 11 us of tensor-core time on an H100 at 400 TFLOP/s, so
+// that the 5-10 us of host time saved is what matters, not a kernel choice.
+constexpr int64_t kLtProductMaxMacs = int64_t(1) << 31;
 
 // A value another block of this launch wrote: from L2, past this SM's L1.
 template <typename T>
@@ -1828,29 +1832,13 @@ struct CudaDev {
   // (bench/results-h100/lltm_sequence_cublas_path_experiments.md).
   static bool step_product(const Tensor& like, const StepProduct& p,
                            std::optional<Tensor>& workspace) {
-    using ST = torch::headeronly::ScalarType;
     namespace lt = cublaslt;
-    const ST st = like.scalar_type();
-    if (p.rows * p.S == 0 || lt::api() == nullptr || env_int("LLTM_OP_SEQUENCE_CUBLASLT", 1) == 0) {
-      return false;
-    }
-    int dtype = 0;
-    if (st == ST::Float && p.tf32) {
-      dtype = lt::kR32F;
-    } else if (st == ST::Half) {
-      dtype = lt::kR16F;
-    } else if (st == ST::BFloat16) {
-      dtype = lt::kR16BF;
-    } else {
-      return false;
-    }
-    const int device = like.get_device();
-    const lt::Handle h = lt::handle(device);
-    if (h == nullptr) return false;
+    const int dtype = lt_dtype(like, p.tf32);
+    if (p.rows * p.S == 0 || dtype < 0) return false;
     // Column-major, as cuBLASLt sees the row-major product: gates^T (3S x
     // rows) += (W_h^T, column-major S x 3S)^T (h^T, S x rows).
     const lt::Shape shape{dtype,
-                          st == ST::Float ? lt::kCompute32FFastTf32 : lt::kCompute32F,
+                          lt_compute(dtype),
                           static_cast<uint64_t>(3 * p.S),
                           static_cast<uint64_t>(p.rows),
                           static_cast<uint64_t>(p.S),
@@ -1860,6 +1848,102 @@ struct CudaDev {
                           lt::alignment(p.w_h),
                           lt::alignment(p.h),
                           lt::alignment(p.gates)};
+    const int status = lt_matmul(like, p.op, shape, p.w_h, p.h, p.gates, true, workspace);
+    if (status < 0) return false;
+    OPSCOMMON_CHECK(status == 0, p.op, ": a step's recurrent product (cublasLtMatmul, ", p.rows,
+                    " x ", p.S, " @ ", p.S, " x ", 3 * p.S, ") failed with status ", status);
+    return true;
+  }
+
+  // A chunk's large product (out = a @ b, or out += a @ b; 2-D, each
+  // operand with a unit stride): the forward's input projection, the
+  // backward's weight and input gradients, d_old_h. Through cuBLASLt where
+  // it runs on tensor cores (float16, bfloat16, float32 on TF32) and has at
+  // most kLtProductMaxMacs multiply-adds, where its host time is most of
+  // what it costs: cublasLtMatmul with a remembered algorithm issues in less
+  // host time than aten::mm, and adds into `out` itself (no scratch product
+  // and add kernel). Larger products, full float32 and float64 stay with
+  // aten::mm, whose kernels this does not second-guess; false means
+  // aten::mm. LLTM_OP_SEQUENCE_CUBLASLT=0 sends them all there,
+  // LLTM_OP_SEQUENCE_CUBLASLT_CHUNKS=0 these alone (A/B).
+  static bool product(const Tensor& like, const char* op, Tensor& out, const Tensor& a,
+                      const Tensor& b, bool accumulate, bool tf32,
+                      std::optional<Tensor>& workspace) {
+    namespace lt = cublaslt;
+    const int dtype = lt_dtype(like, tf32);
+    if (dtype < 0 || env_int("LLTM_OP_SEQUENCE_CUBLASLT_CHUNKS", 1) == 0) return false;
+    const int64_t M = out.size(0), N = out.size(1), K = a.size(1);
+    if (M * N * K == 0 || M * N * K > kLtProductMaxMacs || out.stride(1) != 1) return false;
+    // Column-major, out^T (N x M, ld out.stride(0)) = b^T (N x K) a^T (K x
+    // M): b^T is b's memory read as is where b's rows are unit-stride (ld its
+    // row stride), else b read transposed; a^T likewise.
+    auto operand = [](const Tensor& t, int32_t& trans, int64_t& ld) {
+      if (t.stride(1) == 1) {
+        trans = lt::kOpN;
+        ld = t.stride(0);
+      } else if (t.stride(0) == 1) {
+        trans = lt::kOpT;
+        ld = t.stride(1);
+      } else {
+        return false;
+      }
+      return true;
+    };
+    lt::Shape shape{dtype,
+                    lt_compute(dtype),
+                    static_cast<uint64_t>(N),
+                    static_cast<uint64_t>(M),
+                    static_cast<uint64_t>(K),
+                    0,
+                    0,
+                    out.stride(0),
+                    lt::alignment(b.const_data_ptr()),
+                    lt::alignment(a.const_data_ptr()),
+                    lt::alignment(out.const_data_ptr())};
+    if (!operand(b, shape.transa, shape.lda) || !operand(a, shape.transb, shape.ldb)) return false;
+    // A column-major layout's ld is at least its rows (a size-1 dimension's
+    // stride may be anything).
+    const int64_t rows_a = shape.transa == lt::kOpT ? K : N;
+    const int64_t rows_b = shape.transb == lt::kOpT ? M : K;
+    if (shape.lda < rows_a || shape.ldb < rows_b || shape.ldc < N) return false;
+    const int status = lt_matmul(like, op, shape, b.const_data_ptr(), a.const_data_ptr(),
+                                 out.mutable_data_ptr(), accumulate, workspace);
+    if (status < 0) return false;
+    OPSCOMMON_CHECK(status == 0, op, ": the matrix product ", opscommon::shape_str(a), " @ ",
+                    opscommon::shape_str(b), " (cublasLtMatmul) failed with status ", status);
+    return true;
+  }
+
+  // cuBLASLt's data type for the call's products on tensor cores (float16,
+  // bfloat16, float32 where the call allows TF32), or -1: aten::mm (also
+  // where cuBLASLt is not loaded, or LLTM_OP_SEQUENCE_CUBLASLT=0); float32
+  // is 0 (CUDA_R_32F).
+  static int lt_dtype(const Tensor& like, bool tf32) {
+    using ST = torch::headeronly::ScalarType;
+    namespace lt = cublaslt;
+    if (lt::api() == nullptr || env_int("LLTM_OP_SEQUENCE_CUBLASLT", 1) == 0) return -1;
+    const ST st = like.scalar_type();
+    if (st == ST::Float && tf32) return lt::kR32F;
+    if (st == ST::Half) return lt::kR16F;
+    if (st == ST::BFloat16) return lt::kR16BF;
+    return -1;
+  }
+  static int lt_compute(int dtype) {
+    return dtype == cublaslt::kR32F ? cublaslt::kCompute32FFastTf32 : cublaslt::kCompute32F;
+  }
+
+  // c = op(a) op(b), or c += op(a) op(b) (accumulate), as `shape` says, on
+  // the current stream, with the algorithm remembered for the shape and
+  // the workspace it needs (allocated once a call, grown where a later
+  // shape needs more); cublasLtMatmul's status, or -1 where there is no
+  // handle or algorithm (aten::mm then).
+  static int lt_matmul(const Tensor& like, const char* op, const cublaslt::Shape& shape,
+                       const void* a, const void* b, void* c, bool accumulate,
+                       std::optional<Tensor>& workspace) {
+    namespace lt = cublaslt;
+    const int device = like.get_device();
+    const lt::Handle h = lt::handle(device);
+    if (h == nullptr) return -1;
     // LLTM_OP_SEQUENCE_CUBLASLT_WORKSPACE=MiB caps it otherwise (tuning).
     const int64_t max_ws = env_int("LLTM_OP_SEQUENCE_CUBLASLT_WORKSPACE", -1);
     const size_t most = max_ws >= 0 ? static_cast<size_t>(max_ws) << 20 : kCublasLtWorkspaceBytes;
@@ -1873,23 +1957,19 @@ struct CudaDev {
     };
     const lt::Plan plan = remembered<lt::Plan>(Key{device, shape, most},
                                                [&] { return lt::make_plan(h, shape, most); });
-    if (!plan.ok) return false;
+    if (!plan.ok) return -1;
     void* ws = nullptr;
     if (plan.workspace > 0) {
       const auto bytes = static_cast<int64_t>(plan.workspace);
       if (!workspace || workspace->numel() < bytes) {
-        workspace = alloc(p.op, "the cuBLASLt workspace", like, {bytes}, aoti_torch_dtype_uint8());
+        workspace = alloc(op, "the cuBLASLt workspace", like, {bytes}, aoti_torch_dtype_uint8());
       }
       ws = workspace->mutable_data_ptr();
     }
-    const float one = 1.0f;  // alpha, and beta: added into the gates
-    const int status =
-        lt::api()->matmul(h, plan.desc.get(), &one, p.w_h, plan.a.get(), p.h, plan.b.get(), &one,
-                          p.gates, plan.c.get(), p.gates, plan.c.get(), &plan.algo, ws,
-                          plan.workspace, opscommon::current_stream(device));
-    OPSCOMMON_CHECK(status == 0, p.op, ": a step's recurrent product (cublasLtMatmul, ", p.rows,
-                    " x ", p.S, " @ ", p.S, " x ", 3 * p.S, ") failed with status ", status);
-    return true;
+    const float one = 1.0f, zero = 0.0f;  // alpha; beta
+    return lt::api()->matmul(h, plan.desc.get(), &one, a, plan.a.get(), b, plan.b.get(),
+                             accumulate ? &one : &zero, c, plan.c.get(), c, plan.c.get(),
+                             &plan.algo, ws, plan.workspace, opscommon::current_stream(device));
   }
 
   static void backward_step(const Tensor& like, const BackwardStep& s, bool fused) {

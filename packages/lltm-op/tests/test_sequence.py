@@ -1471,6 +1471,47 @@ def test_cuda_cublas_path_runs_its_forward_products_in_cublaslt(dtype, tf32):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize(
+    "dtype,tf32",
+    [(torch.float32, False), (torch.float32, True), (torch.float16, False), (torch.bfloat16, False)],
+    ids=["float32", "float32-tf32", "float16", "bfloat16"],
+)
+def test_cuda_chunk_products_run_in_cublaslt(dtype, tf32):
+    """A small call's large products (the input projection, the weight and
+    input gradients of each backward chunk, d_old_h) on tensor cores go to
+    cuBLASLt, the second chunk's weight gradients added into the first's:
+    no aten::mm call is left with two chunks, nine without cuBLASLt
+    (LLTM_OP_SEQUENCE_CUBLASLT_CHUNKS=0) or in full float32. Values and
+    gradients match float64 either way (B, S and F off every tile)."""
+    need("cuda")
+    if dtype == torch.bfloat16 and torch.cuda.get_device_capability()[0] < 8:
+        pytest.skip("bfloat16 products on tensor cores need sm_80 or newer")
+    T, B, F, S = 6, 5, 20, 24
+    inputs = make_args(T, B, F, S, dtype=dtype, device="cuda", generator=torch.Generator().manual_seed(7))
+    ref_args = [t.detach().double().cpu().requires_grad_() for t in inputs]
+    ref = flat(reference(*ref_args))
+    torch.autograd.backward(ref, [torch.ones_like(r) for r in ref])
+    limit = TF32_LIMIT if tf32 else LIMITS[dtype]
+    calls = {}
+    for chunks in ("1", "0"):
+        args = [t.detach().clone().requires_grad_() for t in inputs]
+        out = []
+
+        def run(args=args, out=out):
+            out.extend(flat(lltm_sequence(*args)))
+            torch.autograd.backward(out, [torch.ones_like(o) for o in out])
+
+        with env(LLTM_OP_SEQUENCE_CUBLASLT_CHUNKS=chunks, LLTM_OP_SEQUENCE_CHUNKS="2"), tf32_matmul(tf32):
+            calls[chunks], _ = _mm_calls(run)
+        for name, o, r in zip(("outputs", "h_n", "c_n"), out, ref):
+            assert rel_err(o.detach().cpu(), r) <= limit, (chunks, name)
+        for name, a, r in zip(("input", "weights", "bias", "old_h", "old_cell"), args, ref_args):
+            assert rel_err(a.grad.cpu(), r.grad) <= limit, (chunks, f"grad of {name}")
+    assert calls["0"] == 9, calls
+    assert calls["1"] == (0 if dtype != torch.float32 or tf32 else 9), calls
+
+
+@pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cuda_cublas_path_cell_kernels_launched_early_match_plain_launches(dtype):
     """The cuBLAS path's cell kernels may launch before the step product
