@@ -37,6 +37,7 @@
 #include <type_traits>
 
 #include "lltm.h"
+#include "lltm_dependent_launch.cuh"
 #include "opscommon/checks.h"
 #include "opscommon/cuda.h"
 #include "opscommon/dispatch.h"
@@ -213,20 +214,10 @@ __device__ __forceinline__ void store(T* p, const Regs<T, VEC>& v) {
 template <typename T>
 using MathFor = std::conditional_t<sizeof(T) == 2, FastMath, AccurateMath>;
 
-// Programmatic dependent launch (sm_90+): the backward's bias kernel is
-// launched while the backward kernel's last blocks finish, instead of after
-// (its launch latency was a tenth of a half-type backward at batch 4096,
-// state 2048). Both instructions are no-ops without such a launch.
-__device__ __forceinline__ void grid_dependents_may_launch() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void wait_for_grid_dependencies() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
+// The backward's bias kernel is launched as the backward kernel's
+// programmatic dependent (lltm_dependent_launch.cuh), while the backward
+// kernel's last blocks finish, instead of after (its launch latency was a
+// tenth of a half-type backward at batch 4096, state 2048).
 
 template <typename T, int VEC>
 __global__ void __launch_bounds__(kThreads, kForwardMinBlocks)
@@ -393,10 +384,6 @@ __global__ void __launch_bounds__(kBiasThreads)
   }
 }
 
-inline bool supports_dependent_launch(int device) {
-  return opscommon::compute_capability_major(device) >= 9;
-}
-
 // d_bias from the backward kernel's partial sums: one block per kBiasCols
 // columns (the loop in the kernel covers any more), launched as the
 // backward's programmatic dependent where the GPU has it (see above).
@@ -404,17 +391,10 @@ template <typename T>
 void launch_bias_grad(int device, cudaStream_t stream, int64_t cols, int64_t parts,
                       const opscommon::acc_t<T>* partial, T* d_bias, bool dependent = true) {
   const int64_t groups = (cols + kBiasCols - 1) / kBiasCols;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned int>(std::min<int64_t>(groups, kMaxBiasBlocks)));
-  config.blockDim = dim3(kBiasCols, kBiasRows);
-  config.stream = stream;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attribute;
-  config.numAttrs = dependent && supports_dependent_launch(device) ? 1 : 0;
-  OPSCOMMON_CUDA_CHECK(
-      cudaLaunchKernelEx(&config, bias_grad_kernel<T>, cols, parts, partial, d_bias));
+  launch_dependent(bias_grad_kernel<T>,
+                   dim3(static_cast<unsigned int>(std::min<int64_t>(groups, kMaxBiasBlocks))),
+                   dim3(kBiasCols, kBiasRows), stream, device, dependent, cols, parts, partial,
+                   d_bias);
 }
 
 // Whether an operand can be read VEC elements at a time (see load()).

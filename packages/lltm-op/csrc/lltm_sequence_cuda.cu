@@ -56,6 +56,7 @@
 #include <vector>
 
 #include "lltm.h"
+#include "lltm_dependent_launch.cuh"
 #include "lltm_sequence.h"
 #include "lltm_sequence_cublaslt.h"
 #include "opscommon/checks.h"
@@ -155,22 +156,11 @@ __device__ __forceinline__ T* stage_memory() {
 
 // -- cuBLAS path -------------------------------------------------------------------
 
-// Programmatic dependent launch (sm_90+): a cell kernel launched with
-// launch_after_prior may start while the step product before it finishes;
-// it waits here, before its first read, until that product's grid has
-// completed and its writes are visible. It then lets the next kernel (the
-// next step's product) launch: that kernel waits the same way before it
-// reads, so what it overlaps is its launch, not its work.
-__device__ __forceinline__ void wait_for_prior_grid() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void let_next_grid_launch() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
+// The cell kernels are launched as programmatic dependents of the step
+// product ahead of them (launch_after_prior, lltm_dependent_launch.cuh):
+// each waits before its first read until that product has completed, then
+// lets the next kernel (the next step's product) launch, which waits the
+// same way before it reads: what it overlaps is its launch, not its work.
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
@@ -179,8 +169,8 @@ __global__ void __launch_bounds__(kThreads)
                         T* __restrict__ c, T* __restrict__ h_n, T* __restrict__ c_n) {
   using A = Acc<T>;
   const int64_t n = B * S;
-  wait_for_prior_grid();
-  let_next_grid_launch();
+  wait_for_grid_dependencies();
+  grid_dependents_may_launch();
   OPSCOMMON_KERNEL_LOOP(i, n) {
     const int64_t r = i / S;
     const int64_t j = i - r * S;
@@ -224,8 +214,8 @@ __global__ void __launch_bounds__(32 * kBwdRows)
   __shared__ A red[kBwdRows][3][32];
   const int64_t j = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
   A sum[3] = {A(0), A(0), A(0)};
-  wait_for_prior_grid();
-  let_next_grid_launch();
+  wait_for_grid_dependencies();
+  grid_dependents_may_launch();
   if (j < S) {
     const int64_t stride = static_cast<int64_t>(gridDim.y) * kBwdRows * kCellRows;
     for (int64_t r0 = static_cast<int64_t>(blockIdx.y) * kBwdRows * kCellRows + threadIdx.y; r0 < B;
@@ -691,28 +681,14 @@ int64_t backward_block_rows(int64_t B, int64_t S, int device) {
 // kernel<<<grid, block, 0, stream>>>(args...), allowed to launch before the
 // kernel ahead of it in the stream completes (programmatic dependent launch)
 // on sm_90+: the cuBLAS path's cell kernels, which wait for it at their
-// start (wait_for_prior_grid). It takes away part of the gap between a
+// start (wait_for_grid_dependencies). It takes away part of the gap between a
 // step's kernels, which the GPU otherwise spends idle. On older GPUs, and
 // with LLTM_OP_SEQUENCE_PDL=0 (A/B), a plain launch.
 template <typename... Params, typename... Args>
 void launch_after_prior(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,
                         int device, Args... args) {
-  const bool wanted = env_int("LLTM_OP_SEQUENCE_PDL", 1) != 0;
-  if (!wanted || opscommon::compute_capability_major(device) < 9) {
-    kernel<<<grid, block, 0, stream>>>(args...);
-    return;
-  }
-  cudaLaunchAttribute attr;
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = 0;
-  cfg.stream = stream;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  OPSCOMMON_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...));
+  launch_dependent(kernel, grid, block, stream, device, env_int("LLTM_OP_SEQUENCE_PDL", 1) != 0,
+                   args...);
 }
 
 int64_t fused_block_rows(int64_t B) { return std::max<int64_t>(1, (B + kRows - 1) / kRows); }

@@ -1416,6 +1416,15 @@ def test_cuda_float32_uses_tf32_only_where_torch_allows_it():
     assert count_tc(names, "forward") > 0, names
 
 
+# float32 with and without TF32 and the half types: which products run on
+# tensor cores (and so through cuBLASLt).
+TENSOR_CORE_PRECISIONS = pytest.mark.parametrize(
+    "dtype,tf32",
+    [(torch.float32, False), (torch.float32, True), (torch.float16, False), (torch.bfloat16, False)],
+    ids=["float32", "float32-tf32", "float16", "bfloat16"],
+)
+
+
 def _mm_calls(fn) -> tuple[int, list[str]]:
     """aten::mm calls through torch's dispatcher in fn (the op's own
     included), and the CUDA kernels it ran."""
@@ -1424,11 +1433,7 @@ def _mm_calls(fn) -> tuple[int, list[str]]:
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize(
-    "dtype,tf32",
-    [(torch.float32, False), (torch.float32, True), (torch.float16, False), (torch.bfloat16, False)],
-    ids=["float32", "float32-tf32", "float16", "bfloat16"],
-)
+@TENSOR_CORE_PRECISIONS
 def test_cuda_cublas_path_runs_its_forward_products_in_cublaslt(dtype, tf32):
     """On the cuBLAS path the forward's step products on tensor cores (h
     W_h^T, added into the gates; float16, bfloat16, float32 on TF32) go to
@@ -1471,11 +1476,7 @@ def test_cuda_cublas_path_runs_its_forward_products_in_cublaslt(dtype, tf32):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize(
-    "dtype,tf32",
-    [(torch.float32, False), (torch.float32, True), (torch.float16, False), (torch.bfloat16, False)],
-    ids=["float32", "float32-tf32", "float16", "bfloat16"],
-)
+@TENSOR_CORE_PRECISIONS
 def test_cuda_chunk_products_run_in_cublaslt(dtype, tf32):
     """A small call's large products (the input projection, the weight and
     input gradients of each backward chunk, d_old_h) on tensor cores go to
