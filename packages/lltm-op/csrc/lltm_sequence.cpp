@@ -177,11 +177,11 @@ struct CpuDev {
   static bool fused(const Tensor&, const Dims&) { return false; }
   static bool forward_steps(const Tensor&, const ForwardSteps&) { return false; }
   static bool steps_read_weights(const Tensor&, const Dims&) { return false; }
-  static bool step_product(const Tensor&, const StepProduct&, std::optional<Tensor>&) {
+  static bool step_product(const Tensor&, const StepProduct&, ProductWorkspace&) {
     return false;  // aten::mm (torch's BLAS)
   }
   static bool product(const Tensor&, const char*, Tensor&, const Tensor&, const Tensor&, bool, bool,
-                      std::optional<Tensor>&) {
+                      ProductWorkspace&) {
     return false;  // aten::mm
   }
   static bool backward_steps(const Tensor&, const BackwardSteps&) { return false; }

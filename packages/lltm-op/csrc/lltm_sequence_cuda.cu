@@ -107,9 +107,10 @@ constexpr int64_t kFusedMaxMacs = int64_t(1) << 26;
 // Shared memory the persistent kernels may stage a step's state in (a block's
 // static shared memory for the reductions comes on top; 48 KB needs no opt-in).
 constexpr size_t kMaxStageBytes = 32 * 1024;
-// The most workspace a cuBLASLt step product may take (a split-K
-// algorithm's partial sums; allocated once a call, what the chosen
-// algorithm needs). Measured (H100, T256, float32 on TF32, B256 S1024):
+// The most workspace a cuBLASLt product's algorithm is chosen with (a
+// split-K algorithm's partial sums; allocated once a call, what the chosen
+// algorithm needs, and used only within the call's bound: see
+// ProductWorkspace). Measured (H100, T256, float32 on TF32, B256 S1024):
 // with none the heuristic chose a slower algorithm (forward 31.1 against
 // 23.7 us a step); 4 MiB and 32 (torch's cuBLAS workspace on sm_90) gave
 // the same; 16-bit products ran as fast with none.
@@ -1806,8 +1807,7 @@ struct CudaDev {
   // same step times (B64 / B256 S1024: GPU-bound there); its first algorithm
   // runs them within 1-4% of aten::mm's kernels
   // (bench/results-h100/lltm_sequence_cublas_path_experiments.md).
-  static bool step_product(const Tensor& like, const StepProduct& p,
-                           std::optional<Tensor>& workspace) {
+  static bool step_product(const Tensor& like, const StepProduct& p, ProductWorkspace& workspace) {
     namespace lt = cublaslt;
     const int dtype = lt_dtype(like, p.tf32);
     if (p.rows * p.S == 0 || dtype < 0) return false;
@@ -1843,8 +1843,7 @@ struct CudaDev {
   // aten::mm. LLTM_OP_SEQUENCE_CUBLASLT=0 sends them all there,
   // LLTM_OP_SEQUENCE_CUBLASLT_CHUNKS=0 these alone (A/B).
   static bool product(const Tensor& like, const char* op, Tensor& out, const Tensor& a,
-                      const Tensor& b, bool accumulate, bool tf32,
-                      std::optional<Tensor>& workspace) {
+                      const Tensor& b, bool accumulate, bool tf32, ProductWorkspace& workspace) {
     namespace lt = cublaslt;
     const int dtype = lt_dtype(like, tf32);
     if (dtype < 0 || env_int("LLTM_OP_SEQUENCE_CUBLASLT_CHUNKS", 1) == 0) return false;
@@ -1912,17 +1911,20 @@ struct CudaDev {
   // the current stream, with the algorithm remembered for the shape and
   // the workspace it needs (allocated once a call, grown where a later
   // shape needs more); cublasLtMatmul's status, or -1 where there is no
-  // handle or algorithm (aten::mm then).
+  // handle or algorithm (aten::mm then). The algorithm is chosen within
+  // the call's workspace bound, rounded down to a power of two (a handful
+  // of remembered plans a shape however many sequence lengths run).
   static int lt_matmul(const Tensor& like, const char* op, const cublaslt::Shape& shape,
                        const void* a, const void* b, void* c, bool accumulate,
-                       std::optional<Tensor>& workspace) {
+                       ProductWorkspace& workspace) {
     namespace lt = cublaslt;
     const int device = like.get_device();
     const lt::Handle h = lt::handle(device);
     if (h == nullptr) return -1;
     // LLTM_OP_SEQUENCE_CUBLASLT_WORKSPACE=MiB caps it otherwise (tuning).
     const int64_t max_ws = env_int("LLTM_OP_SEQUENCE_CUBLASLT_WORKSPACE", -1);
-    const size_t most = max_ws >= 0 ? static_cast<size_t>(max_ws) << 20 : kCublasLtWorkspaceBytes;
+    size_t most = max_ws >= 0 ? static_cast<size_t>(max_ws) << 20 : kCublasLtWorkspaceBytes;
+    while (most > static_cast<size_t>(workspace.bound)) most /= 2;
     struct Key {
       int device;
       lt::Shape shape;
@@ -1933,14 +1935,15 @@ struct CudaDev {
     };
     const lt::Plan plan = remembered<lt::Plan>(Key{device, shape, most},
                                                [&] { return lt::make_plan(h, shape, most); });
-    if (!plan.ok) return -1;
+    if (!plan.ok || plan.workspace > most) return -1;
     void* ws = nullptr;
     if (plan.workspace > 0) {
       const auto bytes = static_cast<int64_t>(plan.workspace);
-      if (!workspace || workspace->numel() < bytes) {
-        workspace = alloc(op, "the cuBLASLt workspace", like, {bytes}, aoti_torch_dtype_uint8());
+      std::optional<Tensor>& t = workspace.tensor;
+      if (!t || t->numel() < bytes) {
+        t = alloc(op, "the cuBLASLt workspace", like, {bytes}, aoti_torch_dtype_uint8());
       }
-      ws = workspace->mutable_data_ptr();
+      ws = t->mutable_data_ptr();
     }
     const float one = 1.0f, zero = 0.0f;  // alpha; beta
     return lt::api()->matmul(h, plan.desc.get(), &one, a, plan.a.get(), b, plan.b.get(),
