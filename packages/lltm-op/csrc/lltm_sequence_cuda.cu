@@ -725,6 +725,15 @@ struct TcPlan {
   int64_t bm = 0;
   dim3 grid;
   size_t smem_forward = 0, smem_backward = 0;
+  // The forward spreads its cells over the block's threads (kSpread, with
+  // the shared memory that takes) where a row tile has 4 or 8 warps (bm 16
+  // or 32) and it fits (LLTM_OP_SEQUENCE_SPREAD_CELLS=0: never; A/B).
+  // Measured (H100, T256, us a forward step, spread / the tiles' first
+  // warps): float16 B8 S1024 3.33 / 3.50, B32 5.11 / 5.63, B64 6.86 / 6.86;
+  // float32 TF32 B64 S512 5.08 / 5.42; with 2 warps a tile (bm 64) slower:
+  // float32 TF32 B64 S1024 9.98 / 9.63.
+  bool spread = false;
+  size_t smem_forward_spread = 0;
   // The forward's cluster variant (sm_90; see lltm_sequence_tc.cuh): its own
   // block shape, the clusters being the grid's rows.
   struct Cluster {
@@ -1134,7 +1143,7 @@ TcPlan compute_fma_plan(const Dims& d, int device, bool local) {
 }
 
 template <typename T>
-TcPlan compute_tc_plan(const Dims& d, int device, bool local, int64_t shape) {
+TcPlan compute_tc_plan(const Dims& d, int device, bool local, int64_t shape, bool spread) {
   TcPlan best;
   if (d.S % 8 != 0 || d.S == 0 || d.B == 0 || d.S > (int64_t(1) << 16) ||
       d.B > (int64_t(1) << 24)) {
@@ -1186,6 +1195,24 @@ TcPlan compute_tc_plan(const Dims& d, int device, bool local, int64_t shape) {
   }
   if (best.global) {
     best.cluster = compute_cluster_plan<T>(d.B, d.S, best.q, best.bm, device, optin);
+    const size_t ss = tc::forward_smem_spread<T>(d.S, best.q);
+    if (spread && tc::Split(best.bm).KS >= 4 && ss <= static_cast<size_t>(optin)) {
+      int per_sm = 0;
+      with_q(best.q, [&](auto qc) {
+        constexpr int Q = decltype(qc)::value;
+        per_sm = std::min(
+            resident_blocks(tc::forward_tc_kernel<T, Q, false, false, false, true>, ss, optin),
+            resident_blocks(tc::forward_tc_kernel<T, Q, true, false, false, true>, ss, optin));
+        if constexpr (kHalfRowsKernels<T>) {
+          per_sm = std::min(
+              per_sm,
+              resident_blocks(tc::forward_tc_kernel<T, Q, false, false, true, true>, ss, optin));
+        }
+      });
+      best.spread =
+          static_cast<int64_t>(best.grid.x) * best.grid.y <= static_cast<int64_t>(per_sm) * sms;
+      best.smem_forward_spread = ss;
+    }
   }
   best.ok = best.global || (best.local_forward.ok && best.local_backward.ok);
   return best;
@@ -1233,24 +1260,28 @@ TcPlan tc_plan(const Tensor& like, const Dims& d) {
   const int64_t cluster = env_int("LLTM_OP_SEQUENCE_LOCAL_CLUSTER", 0);
   const int64_t split = env_int("LLTM_OP_SEQUENCE_LOCAL_SPLIT", 0);
   const int64_t shape = env_int("LLTM_OP_SEQUENCE_TC_SHAPE", 0);
+  const bool spread = env_int("LLTM_OP_SEQUENCE_SPREAD_CELLS", 1) != 0;
   struct Key {
     int device;
     ST st;
     int64_t B, S;
     bool local;
     int64_t cluster, split, shape;
-    bool fma;
+    bool fma, spread;
     bool operator==(const Key& o) const {
       return device == o.device && st == o.st && B == o.B && S == o.S && local == o.local &&
-             cluster == o.cluster && split == o.split && shape == o.shape && fma == o.fma;
+             cluster == o.cluster && split == o.split && shape == o.shape && fma == o.fma &&
+             spread == o.spread;
     }
   };
-  return remembered<TcPlan>(Key{device, st, d.B, d.S, local, cluster, split, shape, fma}, [&] {
-    return fma                  ? compute_fma_plan(d, device, local)
-           : st == ST::Half     ? compute_tc_plan<opscommon::Half>(d, device, local, shape)
-           : st == ST::BFloat16 ? compute_tc_plan<opscommon::BFloat16>(d, device, local, shape)
-                                : compute_tc_plan<float>(d, device, local, shape);
-  });
+  return remembered<TcPlan>(
+      Key{device, st, d.B, d.S, local, cluster, split, shape, fma, spread}, [&] {
+        return fma              ? compute_fma_plan(d, device, local)
+               : st == ST::Half ? compute_tc_plan<opscommon::Half>(d, device, local, shape, spread)
+               : st == ST::BFloat16
+                   ? compute_tc_plan<opscommon::BFloat16>(d, device, local, shape, spread)
+                   : compute_tc_plan<float>(d, device, local, shape, spread);
+      });
 }
 
 // -- the resident-weight kernels' plan (lltm_sequence_resident.cuh) --------------
@@ -1616,14 +1647,21 @@ struct CudaDev {
       if constexpr (!std::is_same_v<T, double>) {
         with_q(p.q, [&](auto qc) {
           constexpr int Q = decltype(qc)::value;
-          auto kernel = a.batch_sizes != nullptr ? tc::forward_tc_kernel<T, Q, true>
-                                                 : tc::forward_tc_kernel<T, Q, false>;
+          const bool packed = a.batch_sizes != nullptr;
+          auto kernel =
+              packed ? tc::forward_tc_kernel<T, Q, true> : tc::forward_tc_kernel<T, Q, false>;
+          if (p.spread) {
+            kernel = packed ? tc::forward_tc_kernel<T, Q, true, false, false, true>
+                            : tc::forward_tc_kernel<T, Q, false, false, false, true>;
+          }
           if constexpr (kHalfRowsKernels<T>) {
-            if (half_rows<T>(a.B, a.batch_sizes != nullptr)) {
-              kernel = tc::forward_tc_kernel<T, Q, false, false, true>;
+            if (half_rows<T>(a.B, packed)) {
+              kernel = p.spread ? tc::forward_tc_kernel<T, Q, false, false, true, true>
+                                : tc::forward_tc_kernel<T, Q, false, false, true>;
             }
           }
-          s.launch(kernel, p.grid, tc::kTcThreads, p.smem_forward, a.T, a.B, a.S, p.bm,
+          const size_t smem = p.spread ? p.smem_forward_spread : p.smem_forward;
+          s.launch(kernel, p.grid, tc::kTcThreads, smem, a.T, a.B, a.S, p.bm,
                    static_cast<T*>(f.gates), static_cast<const T*>(f.bias),
                    static_cast<const T*>(h0), static_cast<const T*>(a.w_h), a.w_ld,
                    static_cast<const T*>(f.c_prev), static_cast<T*>(f.h), static_cast<T*>(f.c),

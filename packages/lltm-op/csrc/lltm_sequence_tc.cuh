@@ -148,6 +148,16 @@ inline size_t forward_smem(int64_t S, int Q, int64_t bm) {
   const Split s(bm);
   return weight_bytes(k_tiles<T>(S), 3 * Q) + reduce_bytes(s, 12 * Q);
 }
+// The spread-cell forward (kSpread, see forward_tc_kernel): every warp's
+// partial sums, [warp][tile nt][row half][lane] float2, in place of the
+// k-split reduction.
+__host__ __device__ inline size_t spread_reduce_bytes(int Q) {
+  return static_cast<size_t>(kTcWarps) * 3 * Q * 2 * 32 * sizeof(float2);
+}
+template <typename T>
+inline size_t forward_smem_spread(int64_t S, int Q) {
+  return weight_bytes(k_tiles<T>(S), 3 * Q) + spread_reduce_bytes(Q);
+}
 // The cluster variant's two state buffers of [bm, 8Q] elements.
 template <typename T>
 inline size_t cluster_state_bytes(int Q, int64_t bm) {
@@ -779,7 +789,19 @@ __device__ __forceinline__ void backward_pair(bool live, const float (&rec)[2], 
 // forward+backward 7.7 -> 9.0 ms at T1024), where at B8 it took float16
 // S1024's forward step from 3.34-3.56 to 3.07-3.20 us.
 
-template <typename T, int Q, bool kPacked, bool kCluster = false, bool kHalfRows = false>
+//
+// kSpread (forward, KS = kTcWarps / I > 1 warps a row tile, not kCluster): the
+// cells of a step are spread over all the block's threads instead of its
+// tiles' first warps. Every warp writes its partial sums (its share of k)
+// to shared memory; thread x then owns the pairs x, x + kTcThreads, ...
+// of the block's 64 I Q column pairs (lane, q, tile, row half; half 1
+// last, none under kHalfRows), sums their KS partials and runs their cells,
+// its cell state in registers across steps. Without it a tile's first
+// warp read the other warps' sums and ran all of its 2Q pairs' cells while
+// the block's other warps waited at the barrier: a quarter of a float16
+// B8 S1024 step in an Nsight Compute profile (H100, warp stall sampling).
+template <typename T, int Q, bool kPacked, bool kCluster = false, bool kHalfRows = false,
+          bool kSpread = false>
 __global__ void __launch_bounds__(kTcThreads, 1)
     forward_tc_kernel(int64_t steps, int64_t B, int64_t S, int64_t bm, T* gates, const T* bias,
                       const T* h0, const T* w_h, int64_t ld_w, const T* c0, T* outs, T* cells,
@@ -826,7 +848,7 @@ __global__ void __launch_bounds__(kTcThreads, 1)
       }
     }
   };
-  if (owner) {
+  if (owner && !kSpread) {
 #pragma unroll
     for (int q = 0; q < Q; ++q) {
 #pragma unroll
@@ -839,6 +861,55 @@ __global__ void __launch_bounds__(kTcThreads, 1)
       }
     }
     prefetch_p(0);
+  }
+
+  static_assert(!(kSpread && kCluster), "the cluster variant keeps its cells on the tiles' warps");
+  // kSpread: the thread's pairs (see above), their cell state, bias and
+  // next inputs.
+  const int npairs = (kHalfRows ? 32 : 64) * sp.I * Q;
+  struct SpreadPair {
+    int mt, half, q, lane;
+    int64_t row, j;
+  };
+  auto spread_pair = [&](int k) {
+    const int p = static_cast<int>(threadIdx.x) + kTcThreads * k, g = p / 32;
+    SpreadPair w;
+    w.lane = p % 32;
+    w.q = g % Q;
+    w.mt = (g / Q) % sp.I;
+    w.half = g / (Q * sp.I);
+    w.row = r0 + 16 * w.mt + w.lane / 4 + 8 * w.half;
+    w.j = j0 + 8 * w.q + 2 * (w.lane % 4);
+    return w;
+  };
+  auto spread_valid = [&](int k) {
+    const int p = static_cast<int>(threadIdx.x) + kTcThreads * k;
+    if (p >= npairs) return false;
+    const SpreadPair w = spread_pair(k);
+    return w.row < B && w.j < S;
+  };
+  float wc[kSpread ? Q : 1][2] = {}, wb[kSpread ? Q : 1][3][2] = {};
+  Pair<T> wp[kSpread ? Q : 1][3] = {};
+  auto spread_prefetch = [&](int64_t t) {
+    const T* g_t = gates + t * step_gates;
+#pragma unroll
+    for (int k = 0; k < (kSpread ? Q : 0); ++k) {
+      if (!spread_valid(k)) continue;
+      const SpreadPair w = spread_pair(k);
+#pragma unroll
+      for (int g = 0; g < 3; ++g) wp[k][g] = load_pair(g_t + w.row * S3 + g * S + w.j);
+    }
+  };
+  if constexpr (kSpread) {
+#pragma unroll
+    for (int k = 0; k < Q; ++k) {
+      if (!spread_valid(k)) continue;
+      const SpreadPair w = spread_pair(k);
+      load_floats(c0 + w.row * S + w.j, wc[k]);
+#pragma unroll
+      for (int g = 0; g < 3; ++g) load_floats(bias + g * S + w.j, wb[k][g]);
+    }
+    spread_prefetch(0);
   }
 
   const int64_t tile_row = r0 + 16 * mt;  // the warp's row tile's first row
@@ -869,7 +940,21 @@ __global__ void __launch_bounds__(kTcThreads, 1)
                                         frag);
       }
     }
-    if (sp.KS > 1) reduce_k_split<NACC>(&acc[0][0], red, sp, warp, live);
+    if constexpr (kSpread) {
+      // Every warp's partial sums (zero where its tile did not run).
+      float2* red2 = reinterpret_cast<float2*>(red);
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int half = 0; half < (kHalfRows ? 1 : 2); ++half) {
+          red2[((warp * NT + nt) * 2 + half) * 32 + lane] =
+              make_float2(acc[nt][2 * half], acc[nt][2 * half + 1]);
+        }
+      }
+      __syncthreads();
+    } else if (sp.KS > 1) {
+      reduce_k_split<NACC>(&acc[0][0], red, sp, warp, live);
+    }
     // The cell; the step's h first, the one output the other blocks wait
     // for: the block arrives at the barrier once its h is written, and
     // fetches the next step's inputs while the other blocks arrive. Where
@@ -888,7 +973,34 @@ __global__ void __launch_bounds__(kTcThreads, 1)
       store_pair(cells + t * step_state + i, cv[q][half]);
       if (kPacked ? row >= n_next : last) store_pair(c_n + i, cv[q][half]);  // the row's last step
     };
-    if (owner) {
+    Pair<T> wpre[kSpread ? Q : 1][3] = {}, wcv[kSpread ? Q : 1] = {};
+    auto spread_stored = [&](int k) {
+      return spread_valid(k) && !(kPacked && spread_pair(k).row >= n);
+    };
+    if constexpr (kSpread) {
+      const float2* red2 = reinterpret_cast<const float2*>(red);
+#pragma unroll
+      for (int k = 0; k < Q; ++k) {
+        if (!spread_stored(k)) continue;
+        const SpreadPair w = spread_pair(k);
+        float rec[3][2] = {};
+        for (int ks = 0; ks < sp.KS; ++ks) {
+#pragma unroll
+          for (int g = 0; g < 3; ++g) {
+            const float2 v =
+                red2[(((ks * sp.I + w.mt) * NT + g * Q + w.q) * 2 + w.half) * 32 + w.lane];
+            rec[g][0] += v.x;
+            rec[g][1] += v.y;
+          }
+        }
+        Pair<T> hv;
+        forward_pair<T>(wp[k], rec, wb[k], wc[k], wpre[k], hv, wcv[k]);
+        const int64_t i = w.row * S + w.j;
+        store_pair(outs + t * step_state + i, hv);
+        if (kPacked ? w.row >= n_next : last) store_pair(h_n + i, hv);
+      }
+    }
+    if (owner && !kSpread) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
 #pragma unroll
@@ -910,7 +1022,21 @@ __global__ void __launch_bounds__(kTcThreads, 1)
       }
     }
     if (!kCluster && !last) row_arrive(arrivals);
-    if (owner) {
+    if constexpr (kSpread) {
+      T* g_t = gates + t * step_gates;
+#pragma unroll
+      for (int k = 0; k < Q; ++k) {
+        if (!spread_stored(k)) continue;
+        const SpreadPair w = spread_pair(k);
+        const int64_t i = w.row * S + w.j;
+#pragma unroll
+        for (int g = 0; g < 3; ++g) store_pair(g_t + w.row * S3 + g * S + w.j, wpre[k][g]);
+        store_pair(cells + t * step_state + i, wcv[k]);
+        if (kPacked ? w.row >= n_next : last) store_pair(c_n + i, wcv[k]);
+      }
+      if (!last) spread_prefetch(t + 1);
+    }
+    if (owner && !kSpread) {
       if constexpr (kHold) {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {

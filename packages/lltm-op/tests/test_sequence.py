@@ -1110,10 +1110,78 @@ def test_cuda_global_kernels_half_rows_match_the_reference(dtype, size, half_row
         LLTM_OP_SEQUENCE_CHUNKS=2,
     ):
         names = _cuda_kernel_names(run)
-    kernels = [m.group(0) for n in names if (m := re.search(r"(forward|backward)_tc_kernel<[^>]*>", n))]
+    kernels = _tc_kernel_args(names)
     assert len(kernels) == 3, names
-    assert all(k.endswith(", true>") == (half_rows == "1") for k in kernels), kernels
+    # kHalfRows: the forward's fifth template argument, the backward's fourth.
+    assert all(args[4 if kind == "forward" else 3] == (half_rows == "1") for kind, args in kernels), kernels
     assert_packed_run_matches(out, args, ref, ref_args, grads, lengths, limit)
+
+
+def _tc_kernel_args(names) -> list[tuple[str, list]]:
+    """(forward or backward, template arguments) of the global-barrier
+    tensor-core kernels among kernel names: the dtype, then ints and bools
+    (bools as True / False, whether the name says true/false or 1/0)."""
+    found = []
+    for n in names:
+        m = re.search(r"(forward|backward)_tc_kernel<([^>]*)>", n)
+        if m:
+            parts = [a.strip() for a in m.group(2).split(",")]
+            parse = {"true": True, "false": False, "(bool)1": True, "(bool)0": False}
+            found.append((m.group(1), [parts[0]] + [parse.get(a, a) for a in parts[1:]]))
+    return found
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("size", [(4, 8, 6, 136), (3, 5, 6, 264), (3, 37, 5, 72), (2, 64, 3, 40)], ids=str)
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+@pytest.mark.parametrize("shape", ["0", "1032", "2032"], ids=["plan", "q1-bm32", "q2-bm32"])
+def test_cuda_global_forward_spread_cells_match_the_tiles_cells(dtype, size, packed, shape):
+    """The global-barrier forward with 4 or 8 warps a row tile (16 or 32
+    rows a block) runs its cells on all the block's threads (kSpread, the last template
+    argument), each summing the warps' partial products in the order the
+    tile's first warp did: outputs, final state and all five gradients equal
+    those of LLTM_OP_SEQUENCE_SPREAD_CELLS=0 (the tile's first warp runs
+    them) bit for bit, and float64's within the dtype's error (float32 on
+    TF32); B = 5, 8 (half rows in 16-bit types), 37, 64, packed too; the
+    plan's block shape (16 rows: 8 warps a tile) and 32 rows (4 warps a
+    tile, LLTM_OP_SEQUENCE_TC_SHAPE) of 8 and 16 columns."""
+    need("cuda")
+    if torch.cuda.get_device_capability()[0] < 8:
+        pytest.skip("the tensor-core kernels need sm_80 or newer")
+    gen = torch.Generator().manual_seed(sum(size) + packed)
+    T, B = size[:2]
+    lengths = random_lengths(T, B, gen) if packed else [T] * B
+    bs = batch_sizes_of(lengths, T) if packed else None
+    inputs = make_args(*size, dtype=dtype, device="cuda", generator=gen)
+    runs = {}
+    for spread in ("1", "0"):
+        fresh = [t.detach().clone() for t in inputs]
+        args, ref_args, ref, grads = packed_case(fresh, lengths, torch.Generator().manual_seed(1))
+        out = []
+
+        def run(args=args, out=out, grads=grads):
+            out.extend(run_op(*args, bs)[:3])
+            torch.autograd.backward(out, [g.to("cuda", dtype) for g in grads])
+
+        with (
+            env(
+                LLTM_OP_SEQUENCE_TENSOR_CORES="1",
+                LLTM_OP_SEQUENCE_LOCAL="0",
+                LLTM_OP_SEQUENCE_SPREAD_CELLS=spread,
+                LLTM_OP_SEQUENCE_TC_SHAPE=shape,
+                LLTM_OP_SEQUENCE_CHUNKS=2,
+            ),
+            tf32_matmul(dtype == torch.float32),
+        ):
+            names = _cuda_kernel_names(run)
+        forward = [a for kind, a in _tc_kernel_args(names) if kind == "forward"]
+        assert len(forward) == 1 and forward[0][-1] == (spread == "1"), names
+        limit = TF32_LIMIT if dtype == torch.float32 else LIMITS[dtype]
+        assert_packed_run_matches(out, args, ref, ref_args, grads, lengths, limit)
+        runs[spread] = [o.detach() for o in out] + [a.grad for a in args]
+    for a, b in zip(runs["1"], runs["0"]):
+        assert torch.equal(a, b)
 
 
 # The global-barrier tensor-core kernels' block shapes, as
