@@ -1007,6 +1007,32 @@ bool half_rows(int64_t B, bool packed) {
   return kHalfRowsKernels<T> && B <= 8 && !packed && env_int("LLTM_OP_SEQUENCE_HALF_ROWS", 1) != 0;
 }
 
+// The global-barrier forward's kernel for a launch: padded or packed, the
+// half-row variant where `half` (half_rows), its cells spread or not.
+template <typename T, int Q, bool kSpread>
+auto forward_tc_variant(bool packed, bool half) {
+  auto kernel = packed ? tc::forward_tc_kernel<T, Q, true, false, false, kSpread>
+                       : tc::forward_tc_kernel<T, Q, false, false, false, kSpread>;
+  if constexpr (kHalfRowsKernels<T>) {
+    if (half) kernel = tc::forward_tc_kernel<T, Q, false, false, true, kSpread>;
+  }
+  return kernel;
+}
+// The fewest blocks a multiprocessor holds of the forward variants above
+// (cells spread or not) with `smem` bytes of shared memory: a plan holds for
+// whichever of them a call launches.
+template <typename T, int Q, bool kSpread>
+int forward_tc_residency(size_t smem, int optin) {
+  int per_sm =
+      std::min(resident_blocks(forward_tc_variant<T, Q, kSpread>(false, false), smem, optin),
+               resident_blocks(forward_tc_variant<T, Q, kSpread>(true, false), smem, optin));
+  if constexpr (kHalfRowsKernels<T>) {
+    per_sm = std::min(per_sm,
+                      resident_blocks(forward_tc_variant<T, Q, kSpread>(false, true), smem, optin));
+  }
+  return per_sm;
+}
+
 // The block-local launch of one direction, where it applies.
 template <typename T>
 LocalLaunch compute_local_launch(const Dims& d, int device, int sms, int optin, bool forward) {
@@ -1170,14 +1196,12 @@ TcPlan compute_tc_plan(const Dims& d, int device, bool local, int64_t shape, boo
         constexpr int Q = decltype(qc)::value;
         // The packed variants use as many registers or more: the plan holds
         // for both (and for the half-rows ones, see half_rows).
-        per_sm = std::min({resident_blocks(tc::forward_tc_kernel<T, Q, false>, sf, optin),
+        per_sm = std::min({forward_tc_residency<T, Q, false>(sf, optin),
                            resident_blocks(tc::backward_tc_kernel<T, Q, false>, sb, optin),
-                           resident_blocks(tc::forward_tc_kernel<T, Q, true>, sf, optin),
                            resident_blocks(tc::backward_tc_kernel<T, Q, true>, sb, optin)});
         if constexpr (kHalfRowsKernels<T>) {
-          per_sm = std::min(
-              {per_sm, resident_blocks(tc::forward_tc_kernel<T, Q, false, false, true>, sf, optin),
-               resident_blocks(tc::backward_tc_kernel<T, Q, false, true>, sb, optin)});
+          per_sm = std::min(per_sm,
+                            resident_blocks(tc::backward_tc_kernel<T, Q, false, true>, sb, optin));
         }
       });
       const int64_t blocks = gx * gy;
@@ -1199,15 +1223,7 @@ TcPlan compute_tc_plan(const Dims& d, int device, bool local, int64_t shape, boo
     if (spread && tc::Split(best.bm).KS >= 4 && ss <= static_cast<size_t>(optin)) {
       int per_sm = 0;
       with_q(best.q, [&](auto qc) {
-        constexpr int Q = decltype(qc)::value;
-        per_sm = std::min(
-            resident_blocks(tc::forward_tc_kernel<T, Q, false, false, false, true>, ss, optin),
-            resident_blocks(tc::forward_tc_kernel<T, Q, true, false, false, true>, ss, optin));
-        if constexpr (kHalfRowsKernels<T>) {
-          per_sm = std::min(
-              per_sm,
-              resident_blocks(tc::forward_tc_kernel<T, Q, false, false, true, true>, ss, optin));
-        }
+        per_sm = forward_tc_residency<T, decltype(qc)::value, true>(ss, optin);
       });
       best.spread =
           static_cast<int64_t>(best.grid.x) * best.grid.y <= static_cast<int64_t>(per_sm) * sms;
@@ -1647,19 +1663,9 @@ struct CudaDev {
       if constexpr (!std::is_same_v<T, double>) {
         with_q(p.q, [&](auto qc) {
           constexpr int Q = decltype(qc)::value;
-          const bool packed = a.batch_sizes != nullptr;
-          auto kernel =
-              packed ? tc::forward_tc_kernel<T, Q, true> : tc::forward_tc_kernel<T, Q, false>;
-          if (p.spread) {
-            kernel = packed ? tc::forward_tc_kernel<T, Q, true, false, false, true>
-                            : tc::forward_tc_kernel<T, Q, false, false, false, true>;
-          }
-          if constexpr (kHalfRowsKernels<T>) {
-            if (half_rows<T>(a.B, packed)) {
-              kernel = p.spread ? tc::forward_tc_kernel<T, Q, false, false, true, true>
-                                : tc::forward_tc_kernel<T, Q, false, false, true>;
-            }
-          }
+          const bool packed = a.batch_sizes != nullptr, half = half_rows<T>(a.B, packed);
+          const auto kernel = p.spread ? forward_tc_variant<T, Q, true>(packed, half)
+                                       : forward_tc_variant<T, Q, false>(packed, half);
           const size_t smem = p.spread ? p.smem_forward_spread : p.smem_forward;
           s.launch(kernel, p.grid, tc::kTcThreads, smem, a.T, a.B, a.S, p.bm,
                    static_cast<T*>(f.gates), static_cast<const T*>(f.bias),
