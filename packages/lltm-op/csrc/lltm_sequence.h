@@ -445,11 +445,10 @@ struct ProductWorkspace {
 // A call's workspace bound: an eighth of its outputs' bytes (T x B x S
 // elements). The loop of cells keeps at least five such tensors for its
 // backward (the gates, the cell states, [h, x]), so the bound is at most a
-// fortieth of the loop's peak, where a call stays 6% or more under that
-// peak without a workspace. Measured (H100, forward+backward, float32 on
-// TF32 and 16-bit, T2-T64): 0.61-0.91x the loop's peak with the bound, in
-// the time 32 MiB took; 32 MiB (0.6.17) took float32 TF32 T64 B16 S128 to
-// 1.18x the loop's peak.
+// fortieth of the loop's peak. Measured (H100, forward+backward, float32
+// on TF32 and 16-bit, T2-T64, 14 sizes): 0.46-0.91x the loop's peak with
+// the bound, in the time 32 MiB took; 32 MiB (0.6.17) took float32 TF32
+// T64 B16 S128 to 1.18x the loop's peak.
 inline ProductWorkspace product_workspace(const Dims& d, int64_t element_size) {
   return {std::nullopt, d.T * d.B * d.S * element_size / 8};
 }
