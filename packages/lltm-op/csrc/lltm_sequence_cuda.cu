@@ -1119,6 +1119,14 @@ LocalLaunch compute_fma_local_launch(const Dims& d, int device, int sms, int opt
   const int max_c = opscommon::compute_capability_major(device) >= 9 ? tc::kLocalMaxCluster : 1;
   const int64_t want = env_int("LLTM_OP_SEQUENCE_LOCAL_CLUSTER", 0);
   int C = d.S <= tc::kFmaMaxS<false, false> ? 1 : tc::fma_small_k(d.S) ? 2 : 4;
+  // Past S = 64, clusters of 8 where they take at most half the
+  // multiprocessors: each block half the product of 4. Measured (H100,
+  // T1024, us a forward / forward+backward step, 8 against 4): B8 S128
+  // 1.62 / 3.82 against 1.82 / 4.02, B16 S128 1.69 / 3.97 against 1.90 /
+  // 4.12, B8 S96 1.55 / 3.54 against 1.77 / 3.78, B64 S96 1.72 / 4.16
+  // against 1.95 / 4.26; at B128 S128 (128 blocks) 2.46 / 5.86 against
+  // 2.23 / 5.15.
+  if (C == 4 && gy * 8 <= sms / 2) C = 8;
   if (want > 0) C = static_cast<int>(want);
   const int warps = tc::local_block_tiles(d.S, Q, C);
   if (C > max_c || (C & (C - 1)) != 0 || warps > kLocalClusterWarps ||

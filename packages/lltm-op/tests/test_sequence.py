@@ -1288,15 +1288,16 @@ def runs_fma_local(S: int, B: int, cluster: int | None = None) -> bool:
     state size S and batch B on this GPU (the rule of
     compute_fma_local_launch, for grids that fit): S a multiple of 8, up to
     32 in one block, up to 128 in clusters (sm_90; of `cluster` blocks
-    where asked, at most 4 column tiles a block), 8 rows a cluster, one
-    block a multiprocessor."""
+    where asked, at most 4 column tiles a block; past S = 64 clusters of 8
+    where they take at most half the multiprocessors, else 4), 8 rows a
+    cluster, one block a multiprocessor."""
     if S % 8 != 0 or S > 128:
         return False
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     clusters = (B + 7) // 8
     if torch.cuda.get_device_capability()[0] < 9:
         return S <= 32 and cluster in (None, 1) and clusters <= sms
-    C = cluster or (1 if S <= 32 else 2 if S <= 64 else 4)
+    C = cluster or (1 if S <= 32 else 2 if S <= 64 else 8 if clusters * 8 <= sms // 2 else 4)
     tiles_a_block = ((S + 7) // 8 + C - 1) // C
     return tiles_a_block <= 4 and (C > 1 or S <= 32) and clusters * C <= sms
 
@@ -1326,8 +1327,9 @@ def test_cuda_fma_local_kernels_run_and_match_the_reference(size, cluster, packe
     registers, k split over 8 lanes and summed by shuffles): they run (one
     launch for the forward, one per backward chunk) and match float64 to
     float32's error, on S = 8 to 128 (one block, clusters of 2 and 4, a
-    last block with fewer tiles at S = 120, and clusters of 8 where asked;
-    two warps a tile at S > 64, one where those clusters do not all fit),
+    last block with fewer tiles at S = 120, clusters of 8: the rule's past
+    S = 64 at small B, or asked; two warps a tile at S > 64, one where
+    those clusters do not all fit),
     B = 1, 3, 5 (part of one 8-row block), 9, 33, 70, 250, 300 (several, a
     part-filled last one), T = 1, packed rows, two backward chunks."""
     need("cuda")
