@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     results = args.results.resolve()
     results.mkdir(parents=True, exist_ok=True)
     os.environ.update(OPS_CUDA="1", PYTHONUNBUFFERED="1")
-    os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0")
+    os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0a")
     os.environ.setdefault("MAX_JOBS", str(os.cpu_count() or 4))
     py = sys.executable
     _run(

@@ -54,9 +54,11 @@ from pathlib import Path
 from . import TORCH_TARGET_VERSION, get_include
 
 CUDA_ENV = "OPS_CUDA"
-# T4 (7.5) to consumer Blackwell (12.0), PTX for newer GPUs; matrix.toml's
-# cuda.arch_list is the same (tools/tests/test_single_source.py holds them together).
-DEFAULT_CUDA_ARCH_LIST = "7.5;8.0;9.0;10.0;12.0+PTX"
+# T4 (7.5) to consumer Blackwell (12.0), PTX for newer GPUs; H100/H200 as
+# sm_90a (9.0a: its SASS runs on compute capability 9.0, the only sm_90
+# GPUs, and has warpgroup MMA); matrix.toml's cuda.arch_list is the same
+# (tools/tests/test_single_source.py holds them together).
+DEFAULT_CUDA_ARCH_LIST = "7.5;8.0;9.0a;10.0;12.0+PTX"
 # Py_LIMITED_API of a build on a CPython that has a limited API (not the
 # free-threaded ones): should a source ever include Python.h, it sees only
 # the stable ABI of Python >= 3.10 (requires-python). The sources use none.
