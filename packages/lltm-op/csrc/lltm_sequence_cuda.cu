@@ -734,6 +734,11 @@ struct TcPlan {
   // float32 TF32 B64 S1024 9.98 / 9.63.
   bool spread = false;
   size_t smem_forward_spread = 0;
+  // The forward's product on wgmma (kWgmma, see lltm_sequence_tc.cuh):
+  // 16-bit types on an sm_90 device (the kernels run it where the build has
+  // sm_90a code), blocks of 4 or 8 row tiles (every warp of both warpgroups
+  // busy), not spread (LLTM_OP_SEQUENCE_WGMMA=0: never; A/B).
+  bool wgmma = false;
   // The forward's cluster variant (sm_90; see lltm_sequence_tc.cuh): its own
   // block shape, the clusters being the grid's rows.
   struct Cluster {
@@ -1010,11 +1015,17 @@ bool half_rows(int64_t B, bool packed) {
 // The global-barrier forward's kernel for a launch: padded or packed, the
 // half-row variant where `half` (half_rows), its cells spread or not.
 template <typename T, int Q, bool kSpread>
-auto forward_tc_variant(bool packed, bool half) {
+auto forward_tc_variant(bool packed, bool half, bool wgmma = false) {
   auto kernel = packed ? tc::forward_tc_kernel<T, Q, true, false, false, kSpread>
                        : tc::forward_tc_kernel<T, Q, false, false, false, kSpread>;
   if constexpr (kHalfRowsKernels<T>) {
     if (half) kernel = tc::forward_tc_kernel<T, Q, false, false, true, kSpread>;
+    if constexpr (!kSpread) {
+      if (wgmma) {
+        kernel = packed ? tc::forward_tc_kernel<T, Q, true, false, false, false, true>
+                        : tc::forward_tc_kernel<T, Q, false, false, false, false, true>;
+      }
+    }
   }
   return kernel;
 }
@@ -1029,6 +1040,13 @@ int forward_tc_residency(size_t smem, int optin) {
   if constexpr (kHalfRowsKernels<T>) {
     per_sm = std::min(per_sm,
                       resident_blocks(forward_tc_variant<T, Q, kSpread>(false, true), smem, optin));
+    if constexpr (!kSpread) {
+      for (bool packed : {false, true}) {
+        per_sm = std::min(
+            per_sm,
+            resident_blocks(forward_tc_variant<T, Q, false>(packed, false, true), smem, optin));
+      }
+    }
   }
   return per_sm;
 }
@@ -1177,7 +1195,8 @@ TcPlan compute_fma_plan(const Dims& d, int device, bool local) {
 }
 
 template <typename T>
-TcPlan compute_tc_plan(const Dims& d, int device, bool local, int64_t shape, bool spread) {
+TcPlan compute_tc_plan(const Dims& d, int device, bool local, int64_t shape, bool spread,
+                       bool wgmma) {
   TcPlan best;
   if (d.S % 8 != 0 || d.S == 0 || d.B == 0 || d.S > (int64_t(1) << 16) ||
       d.B > (int64_t(1) << 24)) {
@@ -1237,6 +1256,11 @@ TcPlan compute_tc_plan(const Dims& d, int device, bool local, int64_t shape, boo
           static_cast<int64_t>(best.grid.x) * best.grid.y <= static_cast<int64_t>(per_sm) * sms;
       best.smem_forward_spread = ss;
     }
+    const int tiles = tc::Split(best.bm).I;
+    best.wgmma = wgmma && sizeof(T) == 2 && !best.spread && (tiles == 4 || tiles == 8) &&
+                 tc::wgmma_whole_groups<T>(d.S, best.bm) &&
+                 opscommon::compute_capability_major(device) == 9 &&
+                 opscommon::device_attribute<cudaDevAttrComputeCapabilityMinor>(device) == 0;
   }
   best.ok = best.global || (best.local_forward.ok && best.local_backward.ok);
   return best;
@@ -1285,26 +1309,28 @@ TcPlan tc_plan(const Tensor& like, const Dims& d) {
   const int64_t split = env_int("LLTM_OP_SEQUENCE_LOCAL_SPLIT", 0);
   const int64_t shape = env_int("LLTM_OP_SEQUENCE_TC_SHAPE", 0);
   const bool spread = env_int("LLTM_OP_SEQUENCE_SPREAD_CELLS", 1) != 0;
+  const bool wgmma = env_int("LLTM_OP_SEQUENCE_WGMMA", 1) != 0;
   struct Key {
     int device;
     ST st;
     int64_t B, S;
     bool local;
     int64_t cluster, split, shape;
-    bool fma, spread;
+    bool fma, spread, wgmma;
     bool operator==(const Key& o) const {
       return device == o.device && st == o.st && B == o.B && S == o.S && local == o.local &&
              cluster == o.cluster && split == o.split && shape == o.shape && fma == o.fma &&
-             spread == o.spread;
+             spread == o.spread && wgmma == o.wgmma;
     }
   };
   return remembered<TcPlan>(
-      Key{device, st, d.B, d.S, local, cluster, split, shape, fma, spread}, [&] {
-        return fma              ? compute_fma_plan(d, device, local)
-               : st == ST::Half ? compute_tc_plan<opscommon::Half>(d, device, local, shape, spread)
+      Key{device, st, d.B, d.S, local, cluster, split, shape, fma, spread, wgmma}, [&] {
+        return fma ? compute_fma_plan(d, device, local)
+               : st == ST::Half
+                   ? compute_tc_plan<opscommon::Half>(d, device, local, shape, spread, wgmma)
                : st == ST::BFloat16
-                   ? compute_tc_plan<opscommon::BFloat16>(d, device, local, shape, spread)
-                   : compute_tc_plan<float>(d, device, local, shape, spread);
+                   ? compute_tc_plan<opscommon::BFloat16>(d, device, local, shape, spread, wgmma)
+                   : compute_tc_plan<float>(d, device, local, shape, spread, wgmma);
       });
 }
 
@@ -1673,7 +1699,7 @@ struct CudaDev {
           constexpr int Q = decltype(qc)::value;
           const bool packed = a.batch_sizes != nullptr, half = half_rows<T>(a.B, packed);
           const auto kernel = p.spread ? forward_tc_variant<T, Q, true>(packed, half)
-                                       : forward_tc_variant<T, Q, false>(packed, half);
+                                       : forward_tc_variant<T, Q, false>(packed, half, p.wgmma);
           const size_t smem = p.spread ? p.smem_forward_spread : p.smem_forward;
           s.launch(kernel, p.grid, tc::kTcThreads, smem, a.T, a.B, a.S, p.bm,
                    static_cast<T*>(f.gates), static_cast<const T*>(f.bias),

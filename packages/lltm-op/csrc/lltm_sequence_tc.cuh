@@ -358,6 +358,284 @@ struct GlobalRows {
   }
 };
 
+// -- warpgroup MMA (sm_90a) ------------------------------------------------------------------
+//
+// kWgmma (the global-barrier forward, 16-bit types, 4 or 8 row tiles a
+// block): the four warps of a warpgroup (warps 4 i .. 4 i + 3, row tiles
+// mt = 0..3 of one k share, or 4..7) run their 64 rows' product as one
+// wgmma.mma_async m64 n(24 Q) k16 per k tile, A (the state rows) from the
+// same registers as the mma.sync path and B (the weight slice) read from
+// shared memory once a warpgroup, where mma.sync reads it once a warp: at
+// float16 B256 S1024 those reads were about a third of a step's cycles in
+// an Nsight Compute profile. The accumulators come out in the mma.sync
+// layout, so the reduction and the cells are the same code. The slice is
+// stored in the canonical K-major layout without swizzle: k tile kt's
+// columns n at kt * NT * 256 bytes, each 8-column group (tile nt) 256
+// bytes, its two 8 x 8 core matrices (logical k 0-7, 8-15) 128 apart, a
+// column's 8 elements of one core matrix 16 contiguous bytes; logical k
+// mapped by permuted_k as the A registers are. Only an sm_90a build has
+// wgmma (kWgmmaBuilt); elsewhere these kernels run the mma.sync product.
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+constexpr bool kWgmmaBuilt = true;
+#else
+constexpr bool kWgmmaBuilt = false;
+#endif
+
+template <int NT>
+struct Wgmma;
+template <>
+struct Wgmma<3> {
+  template <bool kBf16>
+  __device__ __forceinline__ static void run(float (&d)[3][4], const uint32_t (&a)[4],
+                                             uint64_t desc) {
+    if constexpr (kBf16) {
+      asm volatile(
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %17, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n24k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, "
+          "%8, %9, %10, %11}, "
+          "{%12, %13, %14, %15}, %16, p, 1, 1, 0;\n}\n"
+          : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]),
+            "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]),
+            "+f"(d[2][2]), "+f"(d[2][3])
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+    } else {
+      asm volatile(
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %17, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n24k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, "
+          "%9, %10, %11}, "
+          "{%12, %13, %14, %15}, %16, p, 1, 1, 0;\n}\n"
+          : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]),
+            "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]),
+            "+f"(d[2][2]), "+f"(d[2][3])
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+    }
+  }
+};
+
+template <>
+struct Wgmma<6> {
+  template <bool kBf16>
+  __device__ __forceinline__ static void run(float (&d)[6][4], const uint32_t (&a)[4],
+                                             uint64_t desc) {
+    if constexpr (kBf16) {
+      asm volatile(
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %29, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n48k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, "
+          "%8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23}, "
+          "{%24, %25, %26, %27}, %28, p, 1, 1, 0;\n}\n"
+          : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]),
+            "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]),
+            "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]),
+            "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+            "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3])
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+    } else {
+      asm volatile(
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %29, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n48k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, "
+          "%9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23}, "
+          "{%24, %25, %26, %27}, %28, p, 1, 1, 0;\n}\n"
+          : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]),
+            "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]),
+            "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]),
+            "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+            "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3])
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+    }
+  }
+};
+
+template <>
+struct Wgmma<12> {
+  template <bool kBf16>
+  __device__ __forceinline__ static void run(float (&d)[12][4], const uint32_t (&a)[4],
+                                             uint64_t desc) {
+    if constexpr (kBf16) {
+      asm volatile(
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %53, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n96k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, "
+          "%8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, "
+          "%26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, "
+          "%43, %44, %45, %46, %47}, "
+          "{%48, %49, %50, %51}, %52, p, 1, 1, 0;\n}\n"
+          : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]),
+            "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]),
+            "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]),
+            "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+            "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]),
+            "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+            "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]),
+            "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
+            "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]),
+            "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3])
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+    } else {
+      asm volatile(
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %53, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n96k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, "
+          "%9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, "
+          "%26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, "
+          "%43, %44, %45, %46, %47}, "
+          "{%48, %49, %50, %51}, %52, p, 1, 1, 0;\n}\n"
+          : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]),
+            "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]),
+            "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]),
+            "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+            "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]),
+            "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+            "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]),
+            "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
+            "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]),
+            "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3])
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+    }
+  }
+};
+
+__device__ __forceinline__ void wgmma_fence() {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wgmma_commit() {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wgmma_wait_all() {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#endif
+}
+// The accumulators as written here, for the compiler: their reads stay
+// after the wait, their writes before the next wgmma.
+template <int NT>
+__device__ __forceinline__ void fence_operands(float (&acc)[NT][4]) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(acc[nt][e])::"memory");
+  }
+}
+// Shared memory written by the threads (the generic proxy), made visible to
+// wgmma's reads (the async proxy).
+__device__ __forceinline__ void fence_proxy_async_shared() {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
+// The block's weight slice in the canonical layout (see above; `w(k, nt,
+// n)` as load_weights'), then a barrier: lane l's fragment words of tile
+// (kt, nt) (make_fragment: logical k 2 (l % 4) + {0, 1} and + {8, 9} of
+// column l / 4) are words l and 32 + l of the tile's 64.
+template <typename T, typename Fn>
+__device__ __forceinline__ void load_weights_canonical(uint32_t* words, int64_t KT, int NT, Fn w) {
+  batched_copy(
+      static_cast<int>(KT) * NT * 32,
+      [&](int e) {
+        const int tile = e / 32, nt = tile % NT;
+        return make_fragment<T>(tile / NT, e % 32, [&](int64_t k, int n) { return w(k, nt, n); });
+      },
+      [&](int e, uint2 f) {
+        uint32_t* t = words + (e / 32) * 64 + e % 32;
+        t[0] = f.x;
+        t[32] = f.y;
+      });
+  fence_proxy_async_shared();
+  __syncthreads();
+}
+
+// The descriptor of k tile 0's B operand (no swizzle; leading byte offset
+// 128, the next core matrix in k; stride byte offset 256, the next 8
+// columns), the slice at shared-memory address `base`; k tile kt's is kt *
+// wgmma_tile_step<NT> more (its address field counts 16 bytes).
+__device__ __forceinline__ uint64_t weight_descriptor(uint32_t base) {
+  return static_cast<uint64_t>((base & 0x3FFFF) >> 4) | (static_cast<uint64_t>(128 >> 4) << 16) |
+         (static_cast<uint64_t>(256 >> 4) << 32);
+}
+template <int NT>
+constexpr uint64_t wgmma_tile_step = NT * 256 / 16;
+
+// Both k tiles of the G chunks of a group into acc (the warpgroup's wgmma;
+// every warp of it runs this with the same range), `desc` the group's first
+// k tile's: always whole groups (see wgmma_tile_product), no branch between
+// the wgmma, whose registers ptxas would otherwise reuse between them.
+template <typename T, int NT, int G>
+__device__ __forceinline__ void wgmma_group(float (&acc)[NT][4], const uint4 (&v)[G][2],
+                                            uint64_t desc) {
+  fence_operands(acc);
+  wgmma_fence();
+#pragma unroll
+  for (int u = 0; u < G; ++u) {
+    const uint32_t a_lo[4] = {v[u][0].x, v[u][1].x, v[u][0].y, v[u][1].y};
+    const uint32_t a_hi[4] = {v[u][0].z, v[u][1].z, v[u][0].w, v[u][1].w};
+    Wgmma<NT>::template run<std::is_same_v<T, opscommon::BFloat16>>(
+        acc, a_lo, desc + (2 * u) * wgmma_tile_step<NT>);
+    Wgmma<NT>::template run<std::is_same_v<T, opscommon::BFloat16>>(
+        acc, a_hi, desc + (2 * u + 1) * wgmma_tile_step<NT>);
+  }
+  wgmma_commit();
+  wgmma_wait_all();
+  fence_operands(acc);
+}
+
+// The loads of load_group for the wgmma, every one issued, none in a
+// branch (A registers written in a branch make ptxas serialize the wgmma)
+// and none waited for here: past `valid` a thread loads its row's first
+// 16 bytes, finite state the zero weights of k past K multiply (a thread's
+// 16 bytes are all in or all out of the row).
+template <typename T, int G>
+__device__ __forceinline__ void load_group_unconditional(uint4 (&v)[G][2],
+                                                         const GlobalRows<T>& rows,
+                                                         const KRange& kr, int u0) {
+#pragma unroll
+  for (int u = 0; u < G; ++u) {
+    const int64_t off = u0 + u < kr.valid ? static_cast<int64_t>(u0 + u) * kChunk<T> : -kr.first;
+    v[u][0] = __ldcg(reinterpret_cast<const uint4*>(rows.ra + off));
+    v[u][1] = __ldcg(reinterpret_cast<const uint4*>(rows.rb + off));
+  }
+}
+
+// tile_product on the warpgroup's wgmma, the state rows from L2 (rows at
+// the range's first element, as GlobalRows), the range a whole number of
+// pairs of groups (wgmma_whole_groups: the plan checks): the next group's
+// loads issue before this one's products, which finish before its
+// registers load again.
+constexpr int kWgmmaGroups = 2 * kGroup;
+template <typename T, int NT>
+__device__ __forceinline__ void wgmma_tile_product(float (&acc)[NT][4], const GlobalRows<T>& rows,
+                                                   KRange kr, uint32_t base) {
+  constexpr int G = kGroup;
+  // The range is the warpgroup's: from lane 0, so that ptxas sees its loop
+  // uniform.
+  kr.c0 = __shfl_sync(0xffffffffu, kr.c0, 0);
+  kr.chunks = __shfl_sync(0xffffffffu, kr.chunks, 0);
+  const uint64_t desc = weight_descriptor(base) + 2 * kr.c0 * wgmma_tile_step<NT>;
+  uint4 va[G][2], vb[G][2];
+  load_group_unconditional<T, G>(va, rows, kr, 0);
+  int u = 0;
+  for (; u + 2 * G < kr.chunks; u += 2 * G) {
+    load_group_unconditional<T, G>(vb, rows, kr, u + G);
+    wgmma_group<T, NT, G>(acc, va, desc + 2 * u * wgmma_tile_step<NT>);
+    load_group_unconditional<T, G>(va, rows, kr, u + 2 * G);
+    wgmma_group<T, NT, G>(acc, vb, desc + 2 * (u + G) * wgmma_tile_step<NT>);
+  }
+  // The last pair, with no loads past the range.
+  load_group_unconditional<T, G>(vb, rows, kr, u + G);
+  wgmma_group<T, NT, G>(acc, va, desc + 2 * u * wgmma_tile_step<NT>);
+  wgmma_group<T, NT, G>(acc, vb, desc + 2 * (u + G) * wgmma_tile_step<NT>);
+}
+// Whether every warpgroup's k range (chunks of kChunk) is whole pairs of
+// groups: S's chunks split evenly over the KS shares, each a multiple of
+// kWgmmaGroups.
+template <typename T>
+inline bool wgmma_whole_groups(int64_t S, int64_t bm) {
+  const Split s(bm);
+  const int64_t kc = (S + kChunk<T> - 1) / kChunk<T>;
+  return kc % s.KS == 0 && (kc / s.KS) % kWgmmaGroups == 0;
+}
+
 // -- thread block clusters (sm_90) -----------------------------------------------------------
 //
 // The forward's cluster variant: the column blocks of one batch block form
@@ -800,8 +1078,12 @@ __device__ __forceinline__ void backward_pair(bool live, const float (&rec)[2], 
 // warp read the other warps' sums and ran all of its 2Q pairs' cells while
 // the block's other warps waited at the barrier: a quarter of a float16
 // B8 S1024 step in an Nsight Compute profile (H100, warp stall sampling).
+//
+// kWgmma (forward, 16-bit types, 4 or 8 row tiles a block, none of the
+// above): the product on the warpgroups' wgmma (see above) where the build
+// has it, else as without.
 template <typename T, int Q, bool kPacked, bool kCluster = false, bool kHalfRows = false,
-          bool kSpread = false>
+          bool kSpread = false, bool kWgmma = false>
 __global__ void __launch_bounds__(kTcThreads, 1)
     forward_tc_kernel(int64_t steps, int64_t B, int64_t S, int64_t bm, T* gates, const T* bias,
                       const T* h0, const T* w_h, int64_t ld_w, const T* c0, T* outs, T* cells,
@@ -817,13 +1099,21 @@ __global__ void __launch_bounds__(kTcThreads, 1)
   constexpr int NJ = 8 * Q;
   const int64_t j0 = static_cast<int64_t>(blockIdx.x) * 8 * Q;
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * bm;
+  static_assert(!kWgmma || (sizeof(T) == 2 && !kCluster && !kHalfRows && !kSpread),
+                "the wgmma forward is the 16-bit padded and packed kernels'");
+  constexpr bool kWg = kWgmma && kWgmmaBuilt;
   // Tile nt = g * Q + q: gate g, columns j0 + 8q .. + 7 (of W_h^T, see
   // w_hT_at).
-  load_weights<T>(frag, KT, NT, [&](int64_t k, int nt, int n) -> uint32_t {
+  auto weight = [&](int64_t k, int nt, int n) -> uint32_t {
     const int64_t j = j0 + 8 * (nt % Q) + n;
     if (k >= S || j >= S) return 0;
     return bits_of(w_hT_at(w_h, ld_w, k, (nt / Q) * S + j));
-  });
+  };
+  if constexpr (kWg) {
+    load_weights_canonical<T>(reinterpret_cast<uint32_t*>(smem), KT, NT, weight);
+  } else {
+    load_weights<T>(frag, KT, NT, weight);
+  }
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t S3 = 3 * S, step_gates = B * S3, step_state = B * S;
   const bool active = warp < sp.I * sp.KS, owner = warp < sp.I;
@@ -928,7 +1218,24 @@ __global__ void __launch_bounds__(kTcThreads, 1)
     const bool live = active && (!kPacked || tile_row < n);
     const T* h_prev = t ? outs + (t - 1) * step_state : h0;
     float acc[NT][4] = {};
-    if (live) {
+    if constexpr (kWg) {
+      // The whole warpgroup runs the product where any of its rows do (the
+      // others', past n, are not stored).
+      if (__shfl_sync(0xffffffffu, active && (!kPacked || r0 + 16 * (mt & ~3) < n), 0)) {
+        // The wgmma's own accumulators, copied out (no code after them
+        // writes the registers the wgmma use).
+        float wacc[NT][4] = {};
+        wgmma_tile_product<T, NT>(wacc, GlobalRows<T>{h_prev + ra_at, h_prev + rb_at}, kr,
+                                  shared_address(smem));
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            asm volatile("mov.b32 %0, %1;" : "=f"(acc[nt][e]) : "f"(wacc[nt][e]));
+          }
+        }
+      }
+    } else if (live) {
       if (kCluster && t > 0) {
         const uint32_t buf = shared_address(state + ((t - 1) & 1) * bm * NJ);
         const ClusterRows rows{buf,      static_cast<int>(ra - r0),   static_cast<int>(rb - r0),

@@ -1176,12 +1176,73 @@ def test_cuda_global_forward_spread_cells_match_the_tiles_cells(dtype, size, pac
         ):
             names = _cuda_kernel_names(run)
         forward = [a for kind, a in _tc_kernel_args(names) if kind == "forward"]
-        assert len(forward) == 1 and forward[0][-1] == (spread == "1"), names
+        assert len(forward) == 1 and forward[0][5] == (spread == "1"), names
         limit = TF32_LIMIT if dtype == torch.float32 else LIMITS[dtype]
         assert_packed_run_matches(out, args, ref, ref_args, grads, lengths, limit)
         runs[spread] = [o.detach() for o in out] + [a.grad for a in args]
     for a, b in zip(runs["1"], runs["0"]):
         assert torch.equal(a, b)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize(
+    "size,shape",
+    [
+        ((3, 64, 5, 512), "1064"),
+        ((2, 70, 3, 1000), "2064"),
+        ((3, 128, 4, 256), "4128"),
+        ((2, 200, 6, 1024), "4064"),
+        ((3, 64, 5, 136), "1064"),
+    ],
+    ids=str,
+)
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_cuda_global_forward_wgmma_matches_the_reference(dtype, size, shape, packed):
+    """The 16-bit global-barrier forward with 4 or 8 row tiles a block (64
+    or 128 rows) runs its product on the warpgroups' wgmma on an sm_90
+    device (kWgmma, the kernel's seventh template argument; an sm_90a
+    build has the instruction, others run mma.sync in the same kernel)
+    where each warpgroup's share of k is whole groups of 8 chunks of 32
+    (S = 256 at 128 rows, 512 and 1000 at 64; not S = 136), and
+    LLTM_OP_SEQUENCE_WGMMA=0 turns it off: both match float64 within the
+    dtype's error, outputs, final state and all five gradients; B = 64,
+    70, 128 and 200 (part-filled row tiles and blocks), S = 1000 (a last
+    chunk past the row), packed rows (a warpgroup whose rows end inside
+    it), two backward chunks."""
+    need("cuda")
+    if torch.cuda.get_device_capability()[0] < 8:
+        pytest.skip("the tensor-core kernels need sm_80 or newer")
+    T, B, _, S = size
+    bm = int(shape) % 1000
+    shares = max(1, 8 // (bm // 16))
+    chunks = (S + 31) // 32
+    whole = chunks % shares == 0 and (chunks // shares) % 8 == 0
+    runs_wgmma = torch.cuda.get_device_capability() == (9, 0) and whole
+    gen = torch.Generator().manual_seed(sum(size) + packed)
+    lengths = random_lengths(T, B, gen) if packed else [T] * B
+    bs = batch_sizes_of(lengths, T) if packed else None
+    inputs = make_args(*size, dtype=dtype, device="cuda", generator=gen)
+    for wgmma in ("1", "0"):
+        fresh = [t.detach().clone() for t in inputs]
+        args, ref_args, ref, grads = packed_case(fresh, lengths, torch.Generator().manual_seed(1))
+        out = []
+
+        def run(args=args, out=out, grads=grads):
+            out.extend(run_op(*args, bs)[:3])
+            torch.autograd.backward(out, [g.to("cuda", dtype) for g in grads])
+
+        with env(
+            LLTM_OP_SEQUENCE_TENSOR_CORES="1",
+            LLTM_OP_SEQUENCE_LOCAL="0",
+            LLTM_OP_SEQUENCE_WGMMA=wgmma,
+            LLTM_OP_SEQUENCE_TC_SHAPE=shape,
+            LLTM_OP_SEQUENCE_CHUNKS=2,
+        ):
+            names = _cuda_kernel_names(run)
+        forward = [a for kind, a in _tc_kernel_args(names) if kind == "forward"]
+        assert len(forward) == 1 and forward[0][6] == (runs_wgmma and wgmma == "1"), names
+        assert_packed_run_matches(out, args, ref, ref_args, grads, lengths, LIMITS[dtype])
 
 
 # The global-barrier tensor-core kernels' block shapes, as
