@@ -737,7 +737,8 @@ struct TcPlan {
   // The forward's product on wgmma (kWgmma, see lltm_sequence_tc.cuh):
   // 16-bit types on an sm_90 device (the kernels run it where the build has
   // sm_90a code), blocks of 4 or 8 row tiles (every warp of both warpgroups
-  // busy), not spread (LLTM_OP_SEQUENCE_WGMMA=0: never; A/B).
+  // busy) whose warpgroups' k shares are whole groups (wgmma_whole_groups),
+  // not spread (LLTM_OP_SEQUENCE_WGMMA=0: never; A/B).
   bool wgmma = false;
   // The forward's cluster variant (sm_90; see lltm_sequence_tc.cuh): its own
   // block shape, the clusters being the grid's rows.
