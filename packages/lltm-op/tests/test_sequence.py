@@ -1131,6 +1131,37 @@ def _tc_kernel_args(names) -> list[tuple[str, list]]:
     return found
 
 
+def _global_kernels_run(inputs, lengths, bs, dtype, **settings) -> tuple[list, list, list]:
+    """One forward+backward of fresh copies of `inputs` on the global-barrier
+    tensor-core kernels (two backward chunks) under the environment
+    `settings`: it matches float64 within the dtype's error (float32 on
+    TF32); returns the kernel names, the forward kernel's template
+    arguments (one list a launch) and the outputs then the five gradients."""
+    args, ref_args, ref, grads = packed_case(
+        [t.detach().clone() for t in inputs], lengths, torch.Generator().manual_seed(1)
+    )
+    out = []
+
+    def run():
+        out.extend(run_op(*args, bs)[:3])
+        torch.autograd.backward(out, [g.to("cuda", dtype) for g in grads])
+
+    with (
+        env(
+            LLTM_OP_SEQUENCE_TENSOR_CORES="1",
+            LLTM_OP_SEQUENCE_LOCAL="0",
+            LLTM_OP_SEQUENCE_CHUNKS=2,
+            **settings,
+        ),
+        tf32_matmul(dtype == torch.float32),
+    ):
+        names = _cuda_kernel_names(run)
+    limit = TF32_LIMIT if dtype == torch.float32 else LIMITS[dtype]
+    assert_packed_run_matches(out, args, ref, ref_args, grads, lengths, limit)
+    forward = [a for kind, a in _tc_kernel_args(names) if kind == "forward"]
+    return names, forward, [o.detach() for o in out] + [a.grad for a in args]
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
 @pytest.mark.parametrize("size", [(4, 8, 6, 136), (3, 5, 6, 264), (3, 37, 5, 72), (2, 64, 3, 40)], ids=str)
@@ -1156,30 +1187,15 @@ def test_cuda_global_forward_spread_cells_match_the_tiles_cells(dtype, size, pac
     inputs = make_args(*size, dtype=dtype, device="cuda", generator=gen)
     runs = {}
     for spread in ("1", "0"):
-        fresh = [t.detach().clone() for t in inputs]
-        args, ref_args, ref, grads = packed_case(fresh, lengths, torch.Generator().manual_seed(1))
-        out = []
-
-        def run(args=args, out=out, grads=grads):
-            out.extend(run_op(*args, bs)[:3])
-            torch.autograd.backward(out, [g.to("cuda", dtype) for g in grads])
-
-        with (
-            env(
-                LLTM_OP_SEQUENCE_TENSOR_CORES="1",
-                LLTM_OP_SEQUENCE_LOCAL="0",
-                LLTM_OP_SEQUENCE_SPREAD_CELLS=spread,
-                LLTM_OP_SEQUENCE_TC_SHAPE=shape,
-                LLTM_OP_SEQUENCE_CHUNKS=2,
-            ),
-            tf32_matmul(dtype == torch.float32),
-        ):
-            names = _cuda_kernel_names(run)
-        forward = [a for kind, a in _tc_kernel_args(names) if kind == "forward"]
+        names, forward, runs[spread] = _global_kernels_run(
+            inputs,
+            lengths,
+            bs,
+            dtype,
+            LLTM_OP_SEQUENCE_SPREAD_CELLS=spread,
+            LLTM_OP_SEQUENCE_TC_SHAPE=shape,
+        )
         assert len(forward) == 1 and forward[0][5] == (spread == "1"), names
-        limit = TF32_LIMIT if dtype == torch.float32 else LIMITS[dtype]
-        assert_packed_run_matches(out, args, ref, ref_args, grads, lengths, limit)
-        runs[spread] = [o.detach() for o in out] + [a.grad for a in args]
     for a, b in zip(runs["1"], runs["0"]):
         assert torch.equal(a, b)
 
@@ -1224,25 +1240,10 @@ def test_cuda_global_forward_wgmma_matches_the_reference(dtype, size, shape, pac
     bs = batch_sizes_of(lengths, T) if packed else None
     inputs = make_args(*size, dtype=dtype, device="cuda", generator=gen)
     for wgmma in ("1", "0"):
-        fresh = [t.detach().clone() for t in inputs]
-        args, ref_args, ref, grads = packed_case(fresh, lengths, torch.Generator().manual_seed(1))
-        out = []
-
-        def run(args=args, out=out, grads=grads):
-            out.extend(run_op(*args, bs)[:3])
-            torch.autograd.backward(out, [g.to("cuda", dtype) for g in grads])
-
-        with env(
-            LLTM_OP_SEQUENCE_TENSOR_CORES="1",
-            LLTM_OP_SEQUENCE_LOCAL="0",
-            LLTM_OP_SEQUENCE_WGMMA=wgmma,
-            LLTM_OP_SEQUENCE_TC_SHAPE=shape,
-            LLTM_OP_SEQUENCE_CHUNKS=2,
-        ):
-            names = _cuda_kernel_names(run)
-        forward = [a for kind, a in _tc_kernel_args(names) if kind == "forward"]
+        names, forward, _ = _global_kernels_run(
+            inputs, lengths, bs, dtype, LLTM_OP_SEQUENCE_WGMMA=wgmma, LLTM_OP_SEQUENCE_TC_SHAPE=shape
+        )
         assert len(forward) == 1 and forward[0][6] == (runs_wgmma and wgmma == "1"), names
-        assert_packed_run_matches(out, args, ref, ref_args, grads, lengths, LIMITS[dtype])
 
 
 # The global-barrier tensor-core kernels' block shapes, as
