@@ -708,6 +708,7 @@ struct LocalLaunch {
   bool ok = false;
   bool fma = false;
   int split = 1;  // warps a column tile (fma; the tensor cores' cluster forward)
+  int rows = 16;  // batch rows a cluster (the tensor cores': 16, or 8 in a cluster)
   int threads = 0;
   dim3 grid;
   size_t smem = 0;
@@ -859,6 +860,19 @@ void with_local_variant(bool cluster, bool small_k, int split, F&& f) {
       f(kc, std::false_type{}, One{});
     }
   });
+}
+
+// f(kRows) for a tensor-core block-local kernel of `rows` rows a cluster
+// (LocalLaunch::rows): 8 in a cluster (kCluster), else 16.
+template <bool kCluster, typename F>
+void with_local_rows(int rows, F&& f) {
+  if constexpr (kCluster) {
+    if (rows == tc::kLocalEightRows) {
+      f(std::integral_constant<int, tc::kLocalEightRows>{});
+      return;
+    }
+  }
+  f(std::integral_constant<int, static_cast<int>(tc::kLocalRows)>{});
 }
 
 template <typename F>
@@ -1052,16 +1066,24 @@ int forward_tc_residency(size_t smem, int optin) {
   return per_sm;
 }
 
-// The block-local launch of one direction, where it applies.
+// The largest state size that the rule runs on 8 rows a cluster.
+constexpr int64_t kLocalEightRowsMaxS = 256;
+
+// One direction's launch with `rows` batch rows a cluster (tc::kLocalRows,
+// or tc::kLocalEightRows: clusters only; by the rule, `eight_rule`, past
+// B = 8 up to S = 256, where they are at most 8 blocks and take a
+// multiprocessor each).
 template <typename T>
-LocalLaunch compute_local_launch(const Dims& d, int device, int sms, int optin, bool forward) {
+LocalLaunch compute_local_launch_rows(const Dims& d, int device, int sms, int optin, bool forward,
+                                      int64_t rows, bool eight_rule = false) {
   LocalLaunch launch;
   constexpr int Q = tc::kLocalQ;
-  const int64_t gy = (d.B + tc::kLocalRows - 1) / tc::kLocalRows;
+  const int64_t gy = (d.B + rows - 1) / rows;
   // The kernels' element offsets within a step are int32 (see tc::Places).
   if (gy > 65535 || d.B * 3 * d.S >= (int64_t(1) << 31)) return launch;
   const int64_t want = env_int("LLTM_OP_SEQUENCE_LOCAL_CLUSTER", 0);
   if (want == 0 && d.S > local_max_s<T>(forward)) return launch;
+  if (eight_rule && (d.B <= tc::kLocalEightRows || d.S > kLocalEightRowsMaxS)) return launch;
   const int max_c = opscommon::compute_capability_major(device) >= 9 ? tc::kLocalMaxCluster : 1;
   const int tiles = tc::local_tiles(d.S, Q);
   // Without clusters (sm_80 to sm_89), one block up to S = 96 (16-bit) /
@@ -1084,14 +1106,16 @@ LocalLaunch compute_local_launch(const Dims& d, int device, int sms, int optin, 
     }
   }
   for (int C = 1; C <= max_c; C *= 2) {
+    if (C == 1 && rows != tc::kLocalRows) continue;
     const int warps = tc::local_block_tiles(d.S, Q, C);
     if (warps > (C > 1 ? tc::kLocalClusterMaxWarps : tc::kLocalMaxWarps)) continue;
     if (want > 0 ? C != want : (C == 1 ? tiles > one_block_tiles : warps > cluster_warps)) {
       continue;
     }
+    if (eight_rule && (C > 8 || gy * C > sms)) return launch;
     for (int split = local_forward_split<T>(forward, C, d.S, warps); split >= 1; --split) {
-      const size_t smem = forward ? tc::local_forward_smem<T>(d.S, Q, C, split)
-                                  : tc::local_backward_smem<T>(d.S, Q, C);
+      const size_t smem = forward ? tc::local_forward_smem<T>(d.S, Q, C, split, rows)
+                                  : tc::local_backward_smem<T>(d.S, Q, C, rows);
       if (smem > static_cast<size_t>(optin)) continue;
       auto fits = [&](auto whole, auto packed) {
         return resident_local_launch(whole, packed, C, gy, 32 * warps * split, smem, split, optin,
@@ -1101,17 +1125,53 @@ LocalLaunch compute_local_launch(const Dims& d, int device, int sms, int optin, 
           C > 1, tc::local_small_k<T>(d.S, forward), split, [&](auto kc, auto ks, auto kp) {
             constexpr bool kCluster = decltype(kc)::value, kSmallK = decltype(ks)::value;
             constexpr int kSplit = decltype(kp)::value;
-            launch = forward
-                         ? fits(tc::forward_tc_local_kernel<T, Q, false, kCluster, kSmallK, kSplit>,
-                                tc::forward_tc_local_kernel<T, Q, true, kCluster, kSmallK, kSplit>)
-                         : fits(tc::backward_tc_local_kernel<T, Q, false, kCluster, kSmallK>,
-                                tc::backward_tc_local_kernel<T, Q, true, kCluster, kSmallK>);
+            with_local_rows<kCluster>(static_cast<int>(rows), [&](auto kr) {
+              constexpr int kRows = decltype(kr)::value;
+              launch =
+                  forward
+                      ? fits(tc::forward_tc_local_kernel<T, Q, false, kCluster, kSmallK, kRows,
+                                                         kSplit>,
+                             tc::forward_tc_local_kernel<T, Q, true, kCluster, kSmallK, kRows,
+                                                         kSplit>)
+                      : fits(tc::backward_tc_local_kernel<T, Q, false, kCluster, kSmallK, kRows>,
+                             tc::backward_tc_local_kernel<T, Q, true, kCluster, kSmallK, kRows>);
+            });
           });
-      if (launch.ok) return launch;
+      if (launch.ok) {
+        launch.rows = static_cast<int>(rows);
+        return launch;
+      }
     }
     return launch;
   }
   return launch;
+}
+
+// The block-local launch of one direction: 8 rows a cluster (sm_90, see
+// tc::kLocalEightRows) past B = 8 (where they spread the batch over more
+// clusters) up to S = 256 where those clusters are at most 8 blocks and
+// take a multiprocessor each, else 16. Measured (H100, T1024, us a step, forward /
+// forward+backward, 16 rows against 8): float32 TF32 S = 128 at B16 1.66 /
+// 4.25 against 1.21 / 3.16, B64 1.65 / 4.45 against 1.21 / 3.46, B256
+// (C = 2) 2.07 / 5.31 against 1.83 / 4.76; float16 S = 128 B64 1.44 /
+// 3.33 against 1.15 / 2.59; bfloat16 S = 256 B64 1.96 / 4.89 against 1.51
+// / 3.75. Slower where they were not: bfloat16 S = 256 B256 (256 blocks)
+// 2.91 / 6.72 against 4.81 / 10.52, and the 16-bit forward at S = 512,
+// where 8 rows take clusters of 8 blocks instead of 16 (float16 B64: 2.83
+// against 2.98 us a step). At B8 (one cluster either way) the float16
+// forward was slower on 8 (S = 256 1.09 against 1.25), bfloat16's and
+// float32's faster (S = 256 1.79 against 1.64; S = 128 1.16 against 1.07):
+// 16 there, as before. LLTM_OP_SEQUENCE_LOCAL_ROWS=8 or 16 asks for
+// either wherever it fits (tests, benchmarks).
+template <typename T>
+LocalLaunch compute_local_launch(const Dims& d, int device, int sms, int optin, bool forward) {
+  const int64_t want = env_int("LLTM_OP_SEQUENCE_LOCAL_ROWS", 0);
+  if (opscommon::compute_capability_major(device) >= 9 && want != tc::kLocalRows) {
+    const LocalLaunch eight = compute_local_launch_rows<T>(d, device, sms, optin, forward,
+                                                           tc::kLocalEightRows, want == 0);
+    if (eight.ok || want == tc::kLocalEightRows) return eight;
+  }
+  return compute_local_launch_rows<T>(d, device, sms, optin, forward, tc::kLocalRows);
 }
 
 // Full float32 (no TF32): the block-local kernels with the product on the
@@ -1175,6 +1235,7 @@ LocalLaunch compute_fma_local_launch(const Dims& d, int device, int sms, int opt
     });
     if (launch.ok) {
       launch.fma = true;
+      launch.rows = static_cast<int>(rows);
       return launch;
     }
   }
@@ -1308,6 +1369,7 @@ TcPlan tc_plan(const Tensor& like, const Dims& d) {
   const bool local = env_int("LLTM_OP_SEQUENCE_LOCAL", 1) != 0;
   const int64_t cluster = env_int("LLTM_OP_SEQUENCE_LOCAL_CLUSTER", 0);
   const int64_t split = env_int("LLTM_OP_SEQUENCE_LOCAL_SPLIT", 0);
+  const int64_t rows = env_int("LLTM_OP_SEQUENCE_LOCAL_ROWS", 0);
   const int64_t shape = env_int("LLTM_OP_SEQUENCE_TC_SHAPE", 0);
   const bool spread = env_int("LLTM_OP_SEQUENCE_SPREAD_CELLS", 1) != 0;
   const bool wgmma = env_int("LLTM_OP_SEQUENCE_WGMMA", 1) != 0;
@@ -1316,16 +1378,16 @@ TcPlan tc_plan(const Tensor& like, const Dims& d) {
     ST st;
     int64_t B, S;
     bool local;
-    int64_t cluster, split, shape;
+    int64_t cluster, split, rows, shape;
     bool fma, spread, wgmma;
     bool operator==(const Key& o) const {
       return device == o.device && st == o.st && B == o.B && S == o.S && local == o.local &&
-             cluster == o.cluster && split == o.split && shape == o.shape && fma == o.fma &&
-             spread == o.spread && wgmma == o.wgmma;
+             cluster == o.cluster && split == o.split && rows == o.rows && shape == o.shape &&
+             fma == o.fma && spread == o.spread && wgmma == o.wgmma;
     }
   };
   return remembered<TcPlan>(
-      Key{device, st, d.B, d.S, local, cluster, split, shape, fma, spread, wgmma}, [&] {
+      Key{device, st, d.B, d.S, local, cluster, split, rows, shape, fma, spread, wgmma}, [&] {
         return fma ? compute_fma_plan(d, device, local)
                : st == ST::Half
                    ? compute_tc_plan<opscommon::Half>(d, device, local, shape, spread, wgmma)
@@ -1604,8 +1666,13 @@ struct CudaDev {
             l.grid.x > 1, tc::local_small_k<T>(a.S, true), l.split, [&](auto kc, auto ks, auto kp) {
               constexpr bool kCluster = decltype(kc)::value, kSmallK = decltype(ks)::value;
               constexpr int kSplit = decltype(kp)::value;
-              run(packed ? tc::forward_tc_local_kernel<T, Q, true, kCluster, kSmallK, kSplit>
-                         : tc::forward_tc_local_kernel<T, Q, false, kCluster, kSmallK, kSplit>);
+              with_local_rows<kCluster>(l.rows, [&](auto kr) {
+                constexpr int kRows = decltype(kr)::value;
+                run(packed
+                        ? tc::forward_tc_local_kernel<T, Q, true, kCluster, kSmallK, kRows, kSplit>
+                        : tc::forward_tc_local_kernel<T, Q, false, kCluster, kSmallK, kRows,
+                                                      kSplit>);
+              });
             });
       }
     });
@@ -1643,8 +1710,11 @@ struct CudaDev {
         with_local_variant(
             l.grid.x > 1, tc::local_small_k<T>(a.S, false), l.split, [&](auto kc, auto ks, auto) {
               constexpr bool kCluster = decltype(kc)::value, kSmallK = decltype(ks)::value;
-              run(packed ? tc::backward_tc_local_kernel<T, Q, true, kCluster, kSmallK>
-                         : tc::backward_tc_local_kernel<T, Q, false, kCluster, kSmallK>);
+              with_local_rows<kCluster>(l.rows, [&](auto kr) {
+                constexpr int kRows = decltype(kr)::value;
+                run(packed ? tc::backward_tc_local_kernel<T, Q, true, kCluster, kSmallK, kRows>
+                           : tc::backward_tc_local_kernel<T, Q, false, kCluster, kSmallK, kRows>);
+              });
             });
       }
     });

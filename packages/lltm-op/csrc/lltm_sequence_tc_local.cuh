@@ -4,7 +4,9 @@
 // Included by lltm_sequence_cuda.cu after lltm_sequence_tc.cuh, whose
 // fragments, loads and cell helpers they use.
 //
-// A block (or a cluster of C blocks) owns 16 batch rows and ALL state
+// A block (or a cluster of C blocks) owns 16 batch rows (a cluster of the
+// tensor cores' kernels 8 where the rule says so: kLocalEightRows; full
+// float32's always 8) and ALL state
 // columns, so no step waits for any other block (cluster): the recurrent
 // state of its rows (h forward, dG backward) stays in shared memory, and the
 // steps are separated by __syncthreads alone (in a cluster, each block's wait
@@ -45,8 +47,14 @@ constexpr int64_t kLocalRows = 16;  // batch rows a block (cluster)
 // multiprocessors.
 template <bool kFma>
 constexpr int64_t kLocalRowsOf = kFma ? 8 : kLocalRows;
-template <bool kFma>
-constexpr int kLocalHalves = kFma ? 1 : 2;
+// The tensor cores' cluster kernels come in 8 rows a cluster too (kRows, the
+// accumulator's first row half; the second's A rows repeat the first's and
+// its results are dropped): a step's cells and exchange, most of its
+// instructions, are per row, so 8 rows a cluster over twice the clusters
+// take less time a step wherever the clusters fit (H100, T1024, us a step:
+// one cluster at B8 against B16, float32 TF32 S = 128 forward 1.03 / 1.53,
+// forward+backward 3.10 / 4.12).
+constexpr int kLocalEightRows = 8;
 // At most 12 warps (column tiles) a block, what the rule
 // (compute_local_launch) gives one block: the launch bound, 168 registers
 // a thread (16 warps would leave 128, where the float32 backward spills).
@@ -139,16 +147,17 @@ inline size_t split_sums_bytes(int split, int tiles, int NT, int E) {
 }
 // split > 1 (see forward_local): after the mbarriers, the split's exchange.
 template <typename T>
-inline size_t local_forward_smem(int64_t S, int Q, int C, int split = 1) {
+inline size_t local_forward_smem(int64_t S, int Q, int C, int split = 1,
+                                 int64_t rows = kLocalRows) {
   const int tiles = local_block_tiles(S, Q, C);
-  return tiles * weight_bytes(k_tiles<T>(S), 3 * Q) + 2 * kLocalRows * local_ld<T>(S) * sizeof(T) +
+  return tiles * weight_bytes(k_tiles<T>(S), 3 * Q) + 2 * rows * local_ld<T>(S) * sizeof(T) +
          kLocalBarrierBytes + split_sums_bytes(split, tiles, 3 * Q, 4);
 }
 // Two dG buffers: the step's and the next's.
 template <typename T>
-inline size_t local_backward_smem(int64_t S, int Q, int C) {
+inline size_t local_backward_smem(int64_t S, int Q, int C, int64_t rows = kLocalRows) {
   return local_block_tiles(S, Q, C) * weight_bytes(k_tiles<T>(3 * S), Q) +
-         2 * kLocalRows * local_ld<T>(3 * S) * sizeof(T) + kLocalBarrierBytes;
+         2 * rows * local_ld<T>(3 * S) * sizeof(T) + kLocalBarrierBytes;
 }
 
 // The state written before it visible to every warp of the block (the
@@ -327,13 +336,14 @@ __device__ __forceinline__ void load_reg_chunks(RegChunks<RC, NT>& wr, const uin
   }
 }
 
-// This lane's ldmatrix address in a [16, ld] state buffer at shared
+// This lane's ldmatrix address in a [kRows, ld] state buffer at shared
 // address `buf`: lanes 0-7 give rows 0-7 of a k tile's first 16 bytes
-// (the A fragment's a0), 8-15 rows 8-15 (a1), 16-31 the same rows' next
+// (the A fragment's a0), 8-15 rows 8-15 (a1; rows 0-7 again in an 8-row
+// buffer, whose second row half nothing reads), 16-31 the same rows' next
 // 16 bytes (a2, a3).
-template <typename T>
+template <typename T, int64_t kRows = kLocalRows>
 __device__ __forceinline__ uint32_t a_lane(uint32_t buf, int64_t ld, int lane) {
-  const int row = (lane & 7) + 8 * ((lane >> 3) & 1);
+  const int row = (lane & 7) + (kRows > 8 ? 8 * ((lane >> 3) & 1) : 0);
   return buf + static_cast<uint32_t>(row * ld * sizeof(T)) + 16 * (lane >> 4);
 }
 
@@ -378,14 +388,14 @@ __device__ __forceinline__ void local_product(float (&acc)[NT][4], uint32_t a, i
   }
 }
 
-// Rows r0 .. r0 + kLocalRowsOf<kFma> - 1 (those below B) of a [B, width]
-// matrix `src`, its first K columns, into a state buffer `dst` of row
-// stride ld, as the product's operand (see operand_of).
-template <typename T, bool kFma = false>
+// Rows r0 .. r0 + kRows - 1 (those below B) of a [B, width] matrix `src`,
+// its first K columns, into a state buffer `dst` of row stride ld, as the
+// product's operand (see operand_of).
+template <typename T, bool kFma, int64_t kRows>
 __device__ __forceinline__ void copy_rows(T* dst, int64_t ld, const T* src, int64_t width,
                                           int64_t B, int64_t r0, int64_t K) {
   const int k_n = static_cast<int>(K);
-  const int rows = static_cast<int>(local_rows(B, r0, kLocalRowsOf<kFma>));
+  const int rows = static_cast<int>(local_rows(B, r0, kRows));
   const T* from = src + r0 * width;
   batched_copy(
       rows * k_n, [&](int e) { return operand_of<T, kFma>(from[(e / k_n) * width + e % k_n]); },
@@ -643,15 +653,17 @@ constexpr int kForwardChains = kCluster && kSmallK ? 4 : 2;
 // batch size and writes h_n / c_n at its own last step. The grid is (C,
 // ceil(B / rows)); kCluster: C > 1, its rows' C blocks one cluster
 // (sm_90). The kernels (forward_tc_local_kernel, forward_fma_local_kernel)
-// are this function with their products.
-template <typename T, int Q, bool kPacked, bool kCluster, bool kSmallK, bool kFma, int kSplit>
+// are this function with their products. kRows: batch rows a cluster, 16
+// or 8 (kFma: 8).
+template <typename T, int Q, bool kPacked, bool kCluster, bool kSmallK, bool kFma, int kSplit,
+          int64_t kRows>
 __device__ __forceinline__ void forward_local(int64_t steps, int64_t B, int64_t S, T* gates,
                                               const T* bias, const T* h0, const T* w_h,
                                               int64_t ld_w, const T* c0, T* outs, T* cells, T* h_n,
                                               T* c_n, const int64_t* bs) {
   constexpr int NT = 3 * Q;
-  constexpr int64_t kRows = kLocalRowsOf<kFma>;
-  constexpr int kHalves = kLocalHalves<kFma>;
+  static_assert(kRows == 8 || (kRows == kLocalRows && !kFma), "16 or 8 rows, 8 on FMA");
+  constexpr int kHalves = static_cast<int>(kRows / 8);
   using Math = std::conditional_t<kFma, AccurateMath, TcMath>;
   extern __shared__ __align__(16) unsigned char smem[];
   const int KC = static_cast<int>((S + kChunk<T> - 1) / kChunk<T>), KT = 2 * KC;
@@ -686,7 +698,7 @@ __device__ __forceinline__ void forward_local(int64_t steps, int64_t B, int64_t 
   }
   zero_shared(hbuf, 2 * kRows * ld);
   __syncthreads();
-  copy_rows<T, kFma>(hbuf + kRows * ld, ld, h0, S, B, r0, S);
+  copy_rows<T, kFma, kRows>(hbuf + kRows * ld, ld, h0, S, B, r0, S);
   Exchange x;
   if constexpr (kCluster) {
     x = make_exchange(hbuf, hbuf + 2 * kRows * ld, share, local_tiles(S, Q),
@@ -720,7 +732,7 @@ __device__ __forceinline__ void forward_local(int64_t steps, int64_t B, int64_t 
       return j < S ? to_acc(w_hT_at(w_h, ld_w, k, (nt / Q) * S + j)) : 0.f;
     });
   }
-  const uint32_t a_of_buf = a_lane<T>(shared_address(hbuf), ld, lane) + 64 * kc0;
+  const uint32_t a_of_buf = a_lane<T, kRows>(shared_address(hbuf), ld, lane) + 64 * kc0;
   const uint32_t buf_bytes = static_cast<uint32_t>(kRows * ld * sizeof(T));
 
   float c_reg[2][Q][2] = {}, b_reg[Q][3][2] = {};
@@ -866,12 +878,13 @@ __device__ __forceinline__ void forward_local(int64_t steps, int64_t B, int64_t 
 // kSplit = 2: two warps a tile, each half its chunks of k (a cluster's
 // forward past the 8 chunks a warp holds in registers; see
 // local_forward_split in lltm_sequence_cuda.cu).
-template <typename T, int Q, bool kPacked, bool kCluster, bool kSmallK, int kSplit>
+// kRows: batch rows a cluster (16, or 8 in a cluster; see kLocalEightRows).
+template <typename T, int Q, bool kPacked, bool kCluster, bool kSmallK, int kRows, int kSplit>
 __global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
     forward_tc_local_kernel(int64_t steps, int64_t B, int64_t S, T* gates, const T* bias,
                             const T* h0, const T* w_h, int64_t ld_w, const T* c0, T* outs, T* cells,
                             T* h_n, T* c_n, const int64_t* bs) {
-  forward_local<T, Q, kPacked, kCluster, kSmallK, false, kSplit>(
+  forward_local<T, Q, kPacked, kCluster, kSmallK, false, kSplit, kRows>(
       steps, B, S, gates, bias, h0, w_h, ld_w, c0, outs, cells, h_n, c_n, bs);
 }
 // Full float32 (no TF32): the product on the FMA units, kSplit warps a tile.
@@ -880,7 +893,7 @@ __global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
     forward_fma_local_kernel(int64_t steps, int64_t B, int64_t S, float* gates, const float* bias,
                              const float* h0, const float* w_h, int64_t ld_w, const float* c0,
                              float* outs, float* cells, float* h_n, float* c_n, const int64_t* bs) {
-  forward_local<float, kLocalQ, kPacked, kCluster, kSmallK, true, kSplit>(
+  forward_local<float, kLocalQ, kPacked, kCluster, kSmallK, true, kSplit, 8>(
       steps, B, S, gates, bias, h0, w_h, ld_w, c0, outs, cells, h_n, c_n, bs);
 }
 
@@ -893,15 +906,16 @@ __global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
 // the bias-gradient sums of the block's rows added to row blockIdx.y of
 // `partial` (summed in registers over the chunk, in a fixed order). The
 // grid and clusters as the forward's; the kernels as forward_local's.
-template <typename T, int Q, bool kPacked, bool kCluster, bool kSmallK, bool kFma, int kSplit>
+template <typename T, int Q, bool kPacked, bool kCluster, bool kSmallK, bool kFma, int kSplit,
+          int64_t kRows>
 __device__ __forceinline__ void backward_local(int64_t T_, int64_t t0, int64_t t1, int64_t K,
                                                int64_t B, int64_t S, const T* go, const T* ghn,
                                                const T* gcn, T* dG, const T* w_h, int64_t ld_w,
                                                T* dc, const T* gates, const T* cells, const T* c0,
                                                float* partial, const int64_t* bs) {
   constexpr int NT = Q;
-  constexpr int64_t kRows = kLocalRowsOf<kFma>;
-  constexpr int kHalves = kLocalHalves<kFma>;
+  static_assert(kRows == 8 || (kRows == kLocalRows && !kFma), "16 or 8 rows, 8 on FMA");
+  constexpr int kHalves = static_cast<int>(kRows / 8);
   using Math = std::conditional_t<kFma, AccurateMath, TcMath>;
   extern __shared__ __align__(16) unsigned char smem[];
   const int64_t S3 = 3 * S;
@@ -931,7 +945,7 @@ __device__ __forceinline__ void backward_local(int64_t T_, int64_t t0, int64_t t
   __syncthreads();
   const int64_t step_gates = B * S3, step_state = B * S;
   if (t1 < T_) {  // the later chunk's last dG (slot K) for the chunk's first step
-    copy_rows<T, kFma>(gbuf + (t1 & 1) * kRows * ld, ld, dG + K * step_gates, S3, B, r0, S3);
+    copy_rows<T, kFma, kRows>(gbuf + (t1 & 1) * kRows * ld, ld, dG + K * step_gates, S3, B, r0, S3);
   }
   Exchange x;
   if constexpr (kCluster) {
@@ -959,7 +973,7 @@ __device__ __forceinline__ void backward_local(int64_t T_, int64_t t0, int64_t t
       return j < S ? to_acc(w_h[k * ld_w + j]) : 0.f;
     });
   }
-  const uint32_t a_of_buf = a_lane<T>(shared_address(gbuf), ld, lane);
+  const uint32_t a_of_buf = a_lane<T, kRows>(shared_address(gbuf), ld, lane);
   const uint32_t buf_bytes = static_cast<uint32_t>(kRows * ld * sizeof(T));
 
   float dc_reg[2][Q][2] = {};
@@ -1140,13 +1154,14 @@ __device__ __forceinline__ void backward_local(int64_t T_, int64_t t0, int64_t t
   }
 }
 
-template <typename T, int Q, bool kPacked, bool kCluster, bool kSmallK>
+// kRows as forward_tc_local_kernel's.
+template <typename T, int Q, bool kPacked, bool kCluster, bool kSmallK, int kRows>
 __global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
     backward_tc_local_kernel(int64_t T_, int64_t t0, int64_t t1, int64_t K, int64_t B, int64_t S,
                              const T* go, const T* ghn, const T* gcn, T* dG, const T* w_h,
                              int64_t ld_w, T* dc, const T* gates, const T* cells, const T* c0,
                              float* partial, const int64_t* bs) {
-  backward_local<T, Q, kPacked, kCluster, kSmallK, false, 1>(
+  backward_local<T, Q, kPacked, kCluster, kSmallK, false, 1, kRows>(
       T_, t0, t1, K, B, S, go, ghn, gcn, dG, w_h, ld_w, dc, gates, cells, c0, partial, bs);
 }
 // Full float32 (no TF32): the product on the FMA units, kSplit warps a tile.
@@ -1157,7 +1172,7 @@ __global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
                               const float* w_h, int64_t ld_w, float* dc, const float* gates,
                               const float* cells, const float* c0, float* partial,
                               const int64_t* bs) {
-  backward_local<float, kLocalQ, kPacked, kCluster, kSmallK, true, kSplit>(
+  backward_local<float, kLocalQ, kPacked, kCluster, kSmallK, true, kSplit, 8>(
       T_, t0, t1, K, B, S, go, ghn, gcn, dG, w_h, ld_w, dc, gates, cells, c0, partial, bs);
 }
 

@@ -1025,7 +1025,8 @@ def test_cuda_tensor_core_kernels_run_and_match_the_reference(dtype, size):
 )
 @pytest.mark.parametrize("packed", [False, True], ids=["whole", "packed"])
 @pytest.mark.parametrize("split", [1, 2], ids=["one_warp_a_tile", "two_warps_a_tile"])
-def test_cuda_block_local_clusters_match_the_reference(dtype, C, S, packed, split):
+@pytest.mark.parametrize("rows", [16, 8], ids=["rows16", "rows8"])
+def test_cuda_block_local_clusters_match_the_reference(dtype, C, S, packed, split, rows):
     """The block-local kernels with their columns over a cluster of C blocks
     (LLTM_OP_SEQUENCE_LOCAL_CLUSTER=C, sm_90), each block its share of the
     column tiles (some none: S = 40 over 8 blocks, 200 over 16) and the
@@ -1036,10 +1037,14 @@ def test_cuda_block_local_clusters_match_the_reference(dtype, C, S, packed, spli
     16 blocks is the rule's 16-bit forward there. Past 8 chunks of k
     (16-bit S > 256, float32 S > 128) with at most 4 tiles a block, the
     forward runs on two warps a tile (each half of k) unless
-    LLTM_OP_SEQUENCE_LOCAL_SPLIT=1: both are checked, and which ran."""
+    LLTM_OP_SEQUENCE_LOCAL_SPLIT=1: both are checked, and which ran. Each
+    with 16 batch rows a cluster and with 8 (LLTM_OP_SEQUENCE_LOCAL_ROWS;
+    the rule's where they fit), B = 37 then five clusters."""
     need("cuda")
     if C > 1 and torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("thread-block clusters need sm_90 or newer")
+    if C == 1 and rows == 8:
+        pytest.skip("8 rows a cluster are the clusters' variant")
     if dtype == torch.float32 and S > 256:
         pytest.skip("float32 at S = 512 does not fit 16 blocks' shared memory")
     tiles_a_block = ((S + 7) // 8 + C - 1) // C
@@ -1065,6 +1070,7 @@ def test_cuda_block_local_clusters_match_the_reference(dtype, C, S, packed, spli
             LLTM_OP_SEQUENCE_TENSOR_CORES="1",
             LLTM_OP_SEQUENCE_LOCAL_CLUSTER=C,
             LLTM_OP_SEQUENCE_LOCAL_SPLIT=split,
+            LLTM_OP_SEQUENCE_LOCAL_ROWS=rows,
             LLTM_OP_SEQUENCE_CHUNKS=2,
         ),
         tf32_matmul(True),
@@ -1074,6 +1080,10 @@ def test_cuda_block_local_clusters_match_the_reference(dtype, C, S, packed, spli
     assert count_tc(names, "backward", True) == 2, names
     forward = [m.group(0) for n in names if (m := re.search(r"forward_tc_local_kernel<[^>]*>", n))]
     assert [f.endswith(", 2>") for f in forward] == [splits and split == 2], forward
+    # kRows: the forward's sixth template argument, the backward's last.
+    backward = [m.group(0) for n in names if (m := re.search(r"backward_tc_local_kernel<[^>]*>", n))]
+    assert [f.split(", ")[5] for f in forward] == [str(rows)], forward
+    assert [b.split(", ")[5] for b in backward] == [f"{rows}>"] * 2, backward
     limit = TF32_LIMIT if dtype == torch.float32 else LIMITS[dtype]
     assert_packed_run_matches(out, args, ref, ref_args, grads, lengths, limit)
 
