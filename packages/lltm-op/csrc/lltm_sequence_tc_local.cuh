@@ -4,18 +4,17 @@
 // Included by lltm_sequence_cuda.cu after lltm_sequence_tc.cuh, whose
 // fragments, loads and cell helpers they use.
 //
-// A block (or a cluster of C blocks) owns 16 batch rows (a cluster of the
-// tensor cores' kernels 8 where the rule says so: kLocalEightRows; full
-// float32's always 8) and ALL state
-// columns, so no step waits for any other block (cluster): the recurrent
-// state of its rows (h forward, dG backward) stays in shared memory, and the
-// steps are separated by __syncthreads alone (in a cluster, each block's wait
-// on its mbarrier for the step's state: see Exchange). The global-barrier
-// kernels spend most of a step at small sizes on what this removes: the
-// state's round trip through L2 and the grid-wide barrier (a release, an
-// atomic and a poll of global memory). Blocks are independent, so they need
-// not all be resident at once; the plan still asks for one wave (see
-// compute_tc_plan).
+// A block (or a cluster of C blocks) owns 16 batch rows (8: full float32's
+// kernels, and the tensor cores' clusters where the rule says so, see
+// kLocalEightRows) and ALL state columns, so no step waits for any other
+// block (cluster): the recurrent state of its rows (h forward, dG backward)
+// stays in shared memory, and the steps are separated by __syncthreads alone
+// (in a cluster, each block's wait on its mbarrier for the step's state: see
+// Exchange). The global-barrier kernels spend most of a step at small sizes
+// on what this removes: the state's round trip through L2 and the grid-wide
+// barrier (a release, an atomic and a poll of global memory). Blocks are
+// independent, so they need not all be resident at once; the plan still asks
+// for one wave (see compute_tc_plan).
 //
 // The state columns are tiles of 8 Q; block `rank` of a cluster owns tiles
 // rank * n .. rank * n + n - 1 (n = local_block_tiles), one a warp: warp w
