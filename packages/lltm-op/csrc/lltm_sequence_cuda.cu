@@ -875,6 +875,17 @@ void with_local_rows(int rows, F&& f) {
   f(std::integral_constant<int, static_cast<int>(tc::kLocalRows)>{});
 }
 
+// with_local_variant for full float32's backward, whose cluster variant
+// past the small K also comes with 4 warps a tile (split 4).
+template <typename F>
+void with_fma_variant(bool cluster, bool small_k, int split, F&& f) {
+  if (cluster && !small_k && split == 4) {
+    f(std::true_type{}, std::false_type{}, std::integral_constant<int, 4>{});
+    return;
+  }
+  with_local_variant(cluster, small_k, split, f);
+}
+
 template <typename F>
 void with_q(int q, F&& f) {
   if (q == 1) {
@@ -1216,22 +1227,36 @@ LocalLaunch compute_fma_local_launch(const Dims& d, int device, int sms, int opt
   // the product is most of the step.
   if (gy * C > sms) return launch;
   // Two warps a tile at S > 64 where all their clusters fit (at 168
-  // registers a thread, one block a multiprocessor), else one.
-  for (int split : {2, 1}) {
-    if (split == 2 && (C == 1 || tc::fma_small_k(d.S))) continue;
+  // registers a thread, one block a multiprocessor), else one; the backward
+  // (K = 3S, three times the forward's product) on four where a block has
+  // at most two tiles (clusters of 8 at S = 128). Four against two (H100,
+  // T1024, us a backward step, S = 128): B8 2.11 against 2.29, B64 2.57
+  // against 2.70; the forward the same or slower (B8 1.54 against 1.47).
+  // LLTM_OP_SEQUENCE_FMA_SPLIT=2 or =1 asks for at most that many (tests,
+  // benchmarks).
+  const int64_t want_split = env_int("LLTM_OP_SEQUENCE_FMA_SPLIT", 0);
+  for (int split : {4, 2, 1}) {
+    if (want_split != 0 && split > want_split) continue;
+    if (split == 4 && (forward || warps * 4 > tc::kLocalClusterMaxWarps)) continue;
+    if (split > 1 && (C == 1 || tc::fma_small_k(d.S))) continue;
     const size_t smem = tc::local_fma_smem(d.S, C, forward, split);
     if (smem > static_cast<size_t>(optin)) continue;
     auto fits = [&](auto whole, auto packed) {
       return resident_local_launch(whole, packed, C, gy, 32 * warps * split, smem, split, optin,
                                    sms);
     };
-    with_local_variant(C > 1, tc::fma_small_k(d.S), split, [&](auto kc, auto ks, auto kp) {
+    with_fma_variant(C > 1, tc::fma_small_k(d.S), split, [&](auto kc, auto ks, auto kp) {
       constexpr bool kCluster = decltype(kc)::value, kSmallK = decltype(ks)::value;
       constexpr int kSplit = decltype(kp)::value;
-      launch = forward ? fits(tc::forward_fma_local_kernel<false, kCluster, kSmallK, kSplit>,
-                              tc::forward_fma_local_kernel<true, kCluster, kSmallK, kSplit>)
-                       : fits(tc::backward_fma_local_kernel<false, kCluster, kSmallK, kSplit>,
-                              tc::backward_fma_local_kernel<true, kCluster, kSmallK, kSplit>);
+      if constexpr (kSplit == 4) {  // the backward's only
+        launch = fits(tc::backward_fma_local_kernel<false, kCluster, kSmallK, kSplit>,
+                      tc::backward_fma_local_kernel<true, kCluster, kSmallK, kSplit>);
+      } else {
+        launch = forward ? fits(tc::forward_fma_local_kernel<false, kCluster, kSmallK, kSplit>,
+                                tc::forward_fma_local_kernel<true, kCluster, kSmallK, kSplit>)
+                         : fits(tc::backward_fma_local_kernel<false, kCluster, kSmallK, kSplit>,
+                                tc::backward_fma_local_kernel<true, kCluster, kSmallK, kSplit>);
+      }
     });
     if (launch.ok) {
       launch.fma = true;
@@ -1370,6 +1395,7 @@ TcPlan tc_plan(const Tensor& like, const Dims& d) {
   const int64_t cluster = env_int("LLTM_OP_SEQUENCE_LOCAL_CLUSTER", 0);
   const int64_t split = env_int("LLTM_OP_SEQUENCE_LOCAL_SPLIT", 0);
   const int64_t rows = env_int("LLTM_OP_SEQUENCE_LOCAL_ROWS", 0);
+  const int64_t fma_split = env_int("LLTM_OP_SEQUENCE_FMA_SPLIT", 0);
   const int64_t shape = env_int("LLTM_OP_SEQUENCE_TC_SHAPE", 0);
   const bool spread = env_int("LLTM_OP_SEQUENCE_SPREAD_CELLS", 1) != 0;
   const bool wgmma = env_int("LLTM_OP_SEQUENCE_WGMMA", 1) != 0;
@@ -1378,16 +1404,18 @@ TcPlan tc_plan(const Tensor& like, const Dims& d) {
     ST st;
     int64_t B, S;
     bool local;
-    int64_t cluster, split, rows, shape;
+    int64_t cluster, split, rows, fma_split, shape;
     bool fma, spread, wgmma;
     bool operator==(const Key& o) const {
       return device == o.device && st == o.st && B == o.B && S == o.S && local == o.local &&
-             cluster == o.cluster && split == o.split && rows == o.rows && shape == o.shape &&
-             fma == o.fma && spread == o.spread && wgmma == o.wgmma;
+             cluster == o.cluster && split == o.split && rows == o.rows &&
+             fma_split == o.fma_split && shape == o.shape && fma == o.fma && spread == o.spread &&
+             wgmma == o.wgmma;
     }
   };
   return remembered<TcPlan>(
-      Key{device, st, d.B, d.S, local, cluster, split, rows, shape, fma, spread, wgmma}, [&] {
+      Key{device, st, d.B, d.S, local, cluster, split, rows, fma_split, shape, fma, spread, wgmma},
+      [&] {
         return fma ? compute_fma_plan(d, device, local)
                : st == ST::Half
                    ? compute_tc_plan<opscommon::Half>(d, device, local, shape, spread, wgmma)
@@ -1697,7 +1725,7 @@ struct CudaDev {
         const bool packed = a.batch_sizes != nullptr;
         if constexpr (std::is_same_v<T, float>) {
           if (l.fma) {
-            with_local_variant(
+            with_fma_variant(
                 l.grid.x > 1, tc::fma_small_k(a.S), l.split, [&](auto kc, auto ks, auto kp) {
                   constexpr bool kCluster = decltype(kc)::value, kSmallK = decltype(ks)::value;
                   constexpr int kSplit = decltype(kp)::value;

@@ -140,9 +140,10 @@ constexpr int kLocalQ = 1;
 // After the two state buffers: their mbarriers (clusters).
 constexpr size_t kLocalBarrierBytes = 2 * sizeof(uint64_t);
 // The split's exchange (see combine_halves) of a block's `tiles` column
-// tiles: each tile's 32 lanes' NT tiles of E sums; none without a split.
+// tiles: each tile's split - 1 other warps' 32 lanes' NT tiles of E sums;
+// none without a split.
 inline size_t split_sums_bytes(int split, int tiles, int NT, int E) {
-  return split > 1 ? static_cast<size_t>(tiles) * 32 * NT * E * sizeof(float) : 0;
+  return static_cast<size_t>(split - 1) * tiles * 32 * NT * E * sizeof(float);
 }
 // split > 1 (see forward_local): after the mbarriers, the split's exchange.
 template <typename T>
@@ -475,24 +476,28 @@ struct TileWarp {
   }
 };
 
-// Named barrier `id` of the two warps of a split tile: the second arrives
-// once its sums are in shared memory, the first waits for it.
-__device__ __forceinline__ void pair_arrive(int id) {
-  asm volatile("bar.arrive %0, 64;" ::"r"(id) : "memory");
+// Named barrier `id` of the kSplit warps of a split tile: the others
+// arrive once their sums are in shared memory, the first waits for them.
+template <int kSplit>
+__device__ __forceinline__ void split_arrive(int id) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "n"(32 * kSplit) : "memory");
 }
-__device__ __forceinline__ void pair_sync(int id) {
-  asm volatile("bar.sync %0, 64;" ::"r"(id) : "memory");
+template <int kSplit>
+__device__ __forceinline__ void split_sync(int id) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "n"(32 * kSplit) : "memory");
 }
 // The split's sums of tile `tile` (NT tiles of E elements a lane: 2, the
 // FMA product's one row half; 4, the tensor cores' two) at `scratch`: the
-// second warp (khalf 1) stores its acc, the first adds them to its own.
-template <int NT, int E>
+// other warps (khalf 1 .. kSplit - 1) store their acc, the first adds
+// them to its own, in that order.
+template <int NT, int E, int kSplit = 2>
 __device__ __forceinline__ void combine_halves(float (&acc)[NT][4], float* scratch, int tile,
                                                int khalf) {
   static_assert(E == 2 || E == 4, "one or both row halves");
   const int lane = threadIdx.x & 31;
-  float* at = scratch + (tile * 32 + lane) * NT * E;
+  float* const base = scratch + (tile * (kSplit - 1) * 32 + lane) * NT * E;
   if (khalf) {
+    float* at = base + (khalf - 1) * 32 * NT * E;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
       if constexpr (E == 4) {
@@ -502,21 +507,25 @@ __device__ __forceinline__ void combine_halves(float (&acc)[NT][4], float* scrat
         reinterpret_cast<float2*>(at)[nt] = make_float2(acc[nt][0], acc[nt][1]);
       }
     }
-    pair_arrive(1 + tile);
+    split_arrive<kSplit>(1 + tile);
   } else {
-    pair_sync(1 + tile);
+    split_sync<kSplit>(1 + tile);
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      if constexpr (E == 4) {
-        const float4 v = reinterpret_cast<const float4*>(at)[nt];
-        acc[nt][0] += v.x;
-        acc[nt][1] += v.y;
-        acc[nt][2] += v.z;
-        acc[nt][3] += v.w;
-      } else {
-        const float2 v = reinterpret_cast<const float2*>(at)[nt];
-        acc[nt][0] += v.x;
-        acc[nt][1] += v.y;
+    for (int k = 1; k < kSplit; ++k) {
+      const float* at = base + (k - 1) * 32 * NT * E;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        if constexpr (E == 4) {
+          const float4 v = reinterpret_cast<const float4*>(at)[nt];
+          acc[nt][0] += v.x;
+          acc[nt][1] += v.y;
+          acc[nt][2] += v.z;
+          acc[nt][3] += v.w;
+        } else {
+          const float2 v = reinterpret_cast<const float2*>(at)[nt];
+          acc[nt][0] += v.x;
+          acc[nt][1] += v.y;
+        }
       }
     }
   }
@@ -667,6 +676,7 @@ __device__ __forceinline__ void forward_local(int64_t steps, int64_t B, int64_t 
   extern __shared__ __align__(16) unsigned char smem[];
   const int KC = static_cast<int>((S + kChunk<T> - 1) / kChunk<T>), KT = 2 * KC;
   // kFma: the row's turns of k, KM of them this warp's (kSplit warps a tile).
+  static_assert(!kFma || kFmaTurns<kCluster, kSmallK> % kSplit == 0, "whole turns a warp");
   constexpr int KM = kFma ? kFmaTurns<kCluster, kSmallK> / kSplit : 0;
   const int64_t ld = local_ld<T>(kFma ? KM * kSplit * kFmaK : S);
   // 16-bit h pushed a row of a tile at a time (Exchange::push_row) in the
@@ -797,7 +807,7 @@ __device__ __forceinline__ void forward_local(int64_t steps, int64_t B, int64_t 
     if (owner) {
       if constexpr (kFma) {
         fma_product<KM, NT>(acc, hbuf + ((t + 1) & 1) * kRows * ld + khalf * KM * kFmaK, ld, wf);
-        if constexpr (kSplit > 1) combine_halves<NT, 2>(acc, scratch, warp, khalf);
+        if constexpr (kSplit > 1) combine_halves<NT, 2, kSplit>(acc, scratch, warp, khalf);
       } else {
         local_product<T, NT, kForwardChains<kCluster, kSmallK>, RC>(
             acc, a_of_buf + ((t + 1) & 1) * buf_bytes, kcn, my_frag, wr);
@@ -920,6 +930,7 @@ __device__ __forceinline__ void backward_local(int64_t T_, int64_t t0, int64_t t
   const int64_t S3 = 3 * S;
   const int KC = static_cast<int>((S3 + kChunk<T> - 1) / kChunk<T>), KT = 2 * KC;
   // kFma: the row's turns of k, KM of them this warp's (kSplit warps a tile).
+  static_assert(!kFma || 3 * kFmaTurns<kCluster, kSmallK> % kSplit == 0, "whole turns a warp");
   constexpr int KM = kFma ? 3 * kFmaTurns<kCluster, kSmallK> / kSplit : 0;
   const int64_t ld = local_ld<T>(kFma ? KM * kSplit * kFmaK : S3);
   const TileShare share(S, Q);
@@ -1051,7 +1062,7 @@ __device__ __forceinline__ void backward_local(int64_t T_, int64_t t0, int64_t t
     if (owner && (kPacked ? r0 < n_next : !last)) {
       if constexpr (kFma) {
         fma_product<KM, NT>(acc, gbuf + ((t + 1) & 1) * kRows * ld + khalf * KM * kFmaK, ld, wf);
-        if constexpr (kSplit > 1) combine_halves<NT, 2>(acc, scratch, warp, khalf);
+        if constexpr (kSplit > 1) combine_halves<NT, 2, kSplit>(acc, scratch, warp, khalf);
       } else {
         local_product<T, NT, 4, RC>(acc, a_of_buf + ((t + 1) & 1) * buf_bytes, KC, my_frag, wr);
       }

@@ -1369,9 +1369,17 @@ def runs_fma_local(S: int, B: int, cluster: int | None = None) -> bool:
     clusters = (B + 7) // 8
     if torch.cuda.get_device_capability()[0] < 9:
         return S <= 32 and cluster in (None, 1) and clusters <= sms
-    C = cluster or (1 if S <= 32 else 2 if S <= 64 else 8 if clusters * 8 <= sms // 2 else 4)
+    C = fma_cluster(S, B, cluster)
     tiles_a_block = ((S + 7) // 8 + C - 1) // C
     return tiles_a_block <= 4 and (C > 1 or S <= 32) and clusters * C <= sms
+
+
+def fma_cluster(S: int, B: int, cluster: int | None = None) -> int:
+    """The blocks a cluster of the block-local FMA kernels on sm_90 (see
+    runs_fma_local)."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    clusters = (B + 7) // 8
+    return cluster or (1 if S <= 32 else 2 if S <= 64 else 8 if clusters * 8 <= sms // 2 else 4)
 
 
 @pytest.mark.cuda
@@ -1393,7 +1401,8 @@ def runs_fma_local(S: int, B: int, cluster: int | None = None) -> bool:
 )
 @pytest.mark.parametrize("cluster", [None, 8], ids=["rule", "C8"])
 @pytest.mark.parametrize("packed", [False, True], ids=["whole", "packed"])
-def test_cuda_fma_local_kernels_run_and_match_the_reference(size, cluster, packed):
+@pytest.mark.parametrize("split", [None, 2], ids=["rule_split", "at_most_two_warps_a_tile"])
+def test_cuda_fma_local_kernels_run_and_match_the_reference(size, cluster, packed, split):
     """Full-precision float32 (no TF32) on the block-local kernels with the
     product on the FMA units (8 batch rows a cluster, each warp's weights in
     registers, k split over 8 lanes and summed by shuffles): they run (one
@@ -1401,13 +1410,18 @@ def test_cuda_fma_local_kernels_run_and_match_the_reference(size, cluster, packe
     float32's error, on S = 8 to 128 (one block, clusters of 2 and 4, a
     last block with fewer tiles at S = 120, clusters of 8: the rule's past
     S = 64 at small B, or asked; two warps a tile at S > 64, one where
-    those clusters do not all fit),
+    those clusters do not all fit; the backward's four where a block has at
+    most 2 tiles past S = 64, unless LLTM_OP_SEQUENCE_FMA_SPLIT=2),
     B = 1, 3, 5 (part of one 8-row block), 9, 33, 70, 250, 300 (several, a
     part-filled last one), T = 1, packed rows, two backward chunks."""
     need("cuda")
     T, B, F, S = size
     if not runs_fma_local(S, B, cluster):
         pytest.skip("those block-local kernels do not run at this size on this GPU")
+    C = fma_cluster(S, B, cluster)
+    four = split is None and S > 64 and C > 1 and ((S + 7) // 8 + C - 1) // C <= 2
+    if split == 2 and not (S > 64 and C > 1 and ((S + 7) // 8 + C - 1) // C <= 2):
+        pytest.skip("the rule's split is at most two here")
     gen = torch.Generator().manual_seed(sum(size) + packed)
     lengths = random_lengths(T, B, gen) if packed else [T] * B
     args = make_args(T, B, F, S, dtype=torch.float32, device="cuda", generator=gen)
@@ -1421,10 +1435,13 @@ def test_cuda_fma_local_kernels_run_and_match_the_reference(size, cluster, packe
         torch.autograd.backward(out, [g.to("cuda", torch.float32) for g in grads])
 
     cluster_env = {} if cluster is None else {"LLTM_OP_SEQUENCE_LOCAL_CLUSTER": cluster}
-    with env(LLTM_OP_SEQUENCE_CHUNKS=chunks, **cluster_env), tf32_matmul(False):
+    split_env = {} if split is None else {"LLTM_OP_SEQUENCE_FMA_SPLIT": split}
+    with env(LLTM_OP_SEQUENCE_CHUNKS=chunks, **cluster_env, **split_env), tf32_matmul(False):
         names = _cuda_kernel_names(run)
     assert sum("forward_fma_local_kernel" in n for n in names) == 1, names
     assert sum("backward_fma_local_kernel" in n for n in names) == chunks, names
+    fma = [m.group(0) for n in names if (m := re.search(r"(for|back)ward_fma_local_kernel<[^>]*>", n))]
+    assert all(f.endswith(", 4>") == (four and f.startswith("back")) for f in fma), fma
     assert count_tc(names, "forward") == count_tc(names, "backward") == 0, names
     assert not any("resident_kernel" in n or "cell_kernel" in n or "fused_kernel" in n for n in names), names
     assert_packed_run_matches(out, args, ref, ref_args, grads, lengths, 1e-5)
