@@ -1160,20 +1160,20 @@ LocalLaunch compute_local_launch_rows(const Dims& d, int device, int sms, int op
 
 // The block-local launch of one direction: 8 rows a cluster (sm_90, see
 // tc::kLocalEightRows) past B = 8 (where they spread the batch over more
-// clusters) up to S = 256 where those clusters are at most 8 blocks and
-// take a multiprocessor each, else 16. Measured (H100, T1024, us a step,
-// forward / forward+backward, 16 rows against 8): float32 TF32 S = 128 at
-// B16 1.66 / 4.25 against 1.21 / 3.16, B64 1.65 / 4.45 against 1.21 /
-// 3.46, B256 (C = 2) 2.07 / 5.31 against 1.83 / 4.76; float16 S = 128 B64
-// 1.44 / 3.33 against 1.15 / 2.59; bfloat16 S = 256 B64 1.96 / 4.89
-// against 1.51 / 3.75. Slower where they were not: bfloat16 S = 256 B256 (256 blocks)
-// 2.91 / 6.72 against 4.81 / 10.52, and the 16-bit forward at S = 512,
-// where 8 rows take clusters of 8 blocks instead of 16 (float16 B64: 2.83
-// against 2.98 us a step). At B8 (one cluster either way) the float16
-// forward was slower on 8 (S = 256 1.09 against 1.25), bfloat16's and
-// float32's faster (S = 256 1.79 against 1.64; S = 128 1.16 against 1.07):
-// 16 there, as before. LLTM_OP_SEQUENCE_LOCAL_ROWS=8 or 16 asks for
-// either wherever it fits (tests, benchmarks).
+// clusters) up to S = 256 where those clusters are at most 8 blocks and take
+// a multiprocessor each, else 16. Measured (H100, T1024, us a step, forward /
+// forward+backward, 16 rows against 8): float32 TF32 S = 128 at B16 1.66 /
+// 4.25 against 1.21 / 3.16, B64 1.65 / 4.45 against 1.21 / 3.46, B256 (C = 2)
+// 2.07 / 5.31 against 1.83 / 4.76; float16 S = 128 B64 1.44 / 3.33 against
+// 1.15 / 2.59; bfloat16 S = 256 B64 1.96 / 4.89 against 1.51 / 3.75. Slower
+// where they were not: bfloat16 S = 256 B256 (256 blocks) 2.91 / 6.72 against
+// 4.81 / 10.52, and the 16-bit forward at S = 512, where 8 rows take clusters
+// of 8 blocks instead of 16 (float16 B64: 2.83 against 2.98 us a step). At B8
+// (one cluster either way) the float16 forward was slower on 8 (S = 256 1.09
+// against 1.25), bfloat16's and float32's faster (S = 256 1.79 against 1.64;
+// S = 128 1.16 against 1.07): 16 there, as before.
+// LLTM_OP_SEQUENCE_LOCAL_ROWS=8 or 16 asks for either wherever it fits
+// (tests, benchmarks).
 template <typename T>
 LocalLaunch compute_local_launch(const Dims& d, int device, int sms, int optin, bool forward) {
   const int64_t want = env_int("LLTM_OP_SEQUENCE_LOCAL_ROWS", 0);
