@@ -39,14 +39,8 @@
 namespace tc {
 
 constexpr int64_t kLocalRows = 16;  // batch rows a block (cluster)
-// Full float32 (kFma: the product on the FMA units, see fma_product) takes
-// 8 rows a block, the accumulator's first row half: its product costs an
-// FMA per row, where the tensor cores' m16 tile costs the same for 8 rows
-// as for 16, so 8 rows a cluster spread the batch over twice the
-// multiprocessors.
-template <bool kFma>
-constexpr int64_t kLocalRowsOf = kFma ? 8 : kLocalRows;
-// The tensor cores' cluster kernels come in 8 rows a cluster too (kRows, the
+// 8 rows a cluster: full float32's (kLocalRowsOf below), and the tensor
+// cores' cluster kernels where the rule says so (kRows, the
 // accumulator's first row half; the second's A rows repeat the first's and
 // its results are dropped): a step's cells and exchange, most of its
 // instructions, are per row, so 8 rows a cluster over twice the clusters
@@ -54,6 +48,13 @@ constexpr int64_t kLocalRowsOf = kFma ? 8 : kLocalRows;
 // one cluster at B8 against B16, float32 TF32 S = 128 forward 1.03 / 1.53,
 // forward+backward 3.10 / 4.12).
 constexpr int kLocalEightRows = 8;
+// Full float32 (kFma: the product on the FMA units, see fma_product) takes
+// 8 rows a block, the accumulator's first row half: its product costs an
+// FMA per row, where the tensor cores' m16 tile costs the same for 8 rows
+// as for 16, so 8 rows a cluster spread the batch over twice the
+// multiprocessors.
+template <bool kFma>
+constexpr int64_t kLocalRowsOf = kFma ? kLocalEightRows : kLocalRows;
 // At most 12 warps (column tiles) a block, what the rule
 // (compute_local_launch) gives one block: the launch bound, 168 registers
 // a thread (16 warps would leave 128, where the float32 backward spills).
@@ -670,7 +671,8 @@ __device__ __forceinline__ void forward_local(int64_t steps, int64_t B, int64_t 
                                               int64_t ld_w, const T* c0, T* outs, T* cells, T* h_n,
                                               T* c_n, const int64_t* bs) {
   constexpr int NT = 3 * Q;
-  static_assert(kRows == 8 || (kRows == kLocalRows && !kFma), "16 or 8 rows, 8 on FMA");
+  static_assert(kRows == kLocalRowsOf<true> || (kRows == kLocalRows && !kFma),
+                "16 or 8 rows, 8 on FMA");
   constexpr int kHalves = static_cast<int>(kRows / 8);
   using Math = std::conditional_t<kFma, AccurateMath, TcMath>;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -902,7 +904,7 @@ __global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
     forward_fma_local_kernel(int64_t steps, int64_t B, int64_t S, float* gates, const float* bias,
                              const float* h0, const float* w_h, int64_t ld_w, const float* c0,
                              float* outs, float* cells, float* h_n, float* c_n, const int64_t* bs) {
-  forward_local<float, kLocalQ, kPacked, kCluster, kSmallK, true, kSplit, 8>(
+  forward_local<float, kLocalQ, kPacked, kCluster, kSmallK, true, kSplit, kLocalRowsOf<true>>(
       steps, B, S, gates, bias, h0, w_h, ld_w, c0, outs, cells, h_n, c_n, bs);
 }
 
@@ -923,7 +925,8 @@ __device__ __forceinline__ void backward_local(int64_t T_, int64_t t0, int64_t t
                                                T* dc, const T* gates, const T* cells, const T* c0,
                                                float* partial, const int64_t* bs) {
   constexpr int NT = Q;
-  static_assert(kRows == 8 || (kRows == kLocalRows && !kFma), "16 or 8 rows, 8 on FMA");
+  static_assert(kRows == kLocalRowsOf<true> || (kRows == kLocalRows && !kFma),
+                "16 or 8 rows, 8 on FMA");
   constexpr int kHalves = static_cast<int>(kRows / 8);
   using Math = std::conditional_t<kFma, AccurateMath, TcMath>;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -1182,7 +1185,7 @@ __global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
                               const float* w_h, int64_t ld_w, float* dc, const float* gates,
                               const float* cells, const float* c0, float* partial,
                               const int64_t* bs) {
-  backward_local<float, kLocalQ, kPacked, kCluster, kSmallK, true, kSplit, 8>(
+  backward_local<float, kLocalQ, kPacked, kCluster, kSmallK, true, kSplit, kLocalRowsOf<true>>(
       T_, t0, t1, K, B, S, go, ghn, gcn, dG, w_h, ld_w, dc, gates, cells, c0, partial, bs);
 }
 

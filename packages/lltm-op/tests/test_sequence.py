@@ -1078,12 +1078,14 @@ def test_cuda_block_local_clusters_match_the_reference(dtype, C, S, packed, spli
         names = _cuda_kernel_names(run)
     assert count_tc(names, "forward", True) == 1, names
     assert count_tc(names, "backward", True) == 2, names
-    forward = [m.group(0) for n in names if (m := re.search(r"forward_tc_local_kernel<[^>]*>", n))]
-    assert [f.endswith(", 2>") for f in forward] == [splits and split == 2], forward
-    # kRows: the forward's sixth template argument, the backward's last.
-    backward = [m.group(0) for n in names if (m := re.search(r"backward_tc_local_kernel<[^>]*>", n))]
-    assert [f.split(", ")[5] for f in forward] == [str(rows)], forward
-    assert [b.split(", ")[5] for b in backward] == [f"{rows}>"] * 2, backward
+    local = _tc_kernel_args(names, "tc_local")
+    forward = [a for kind, a in local if kind == "forward"]
+    backward = [a for kind, a in local if kind == "backward"]
+    # kSplit: the forward's last template argument; kRows: the forward's
+    # sixth, the backward's last.
+    assert [a[6] == "2" for a in forward] == [splits and split == 2], forward
+    assert [a[5] for a in forward] == [str(rows)], forward
+    assert [a[5] for a in backward] == [str(rows)] * 2, backward
     limit = TF32_LIMIT if dtype == torch.float32 else LIMITS[dtype]
     assert_packed_run_matches(out, args, ref, ref_args, grads, lengths, limit)
 
@@ -1127,13 +1129,15 @@ def test_cuda_global_kernels_half_rows_match_the_reference(dtype, size, half_row
     assert_packed_run_matches(out, args, ref, ref_args, grads, lengths, limit)
 
 
-def _tc_kernel_args(names) -> list[tuple[str, list]]:
-    """(forward or backward, template arguments) of the global-barrier
-    tensor-core kernels among kernel names: the dtype, then ints and bools
-    (bools as True / False, whether the name says true/false or 1/0)."""
+def _tc_kernel_args(names, family: str = "tc") -> list[tuple[str, list]]:
+    """(forward or backward, template arguments) of the kernels of `family`
+    among kernel names: "tc", the global-barrier tensor-core kernels;
+    "tc_local" and "fma_local", the block-local ones. The first argument as
+    named (the dtype), then ints as strings and bools (as True / False,
+    whether the name says true/false or 1/0)."""
     found = []
     for n in names:
-        m = re.search(r"(forward|backward)_tc_kernel<([^>]*)>", n)
+        m = re.search(rf"(forward|backward)_{family}_kernel<([^>]*)>", n)
         if m:
             parts = [a.strip() for a in m.group(2).split(",")]
             parse = {"true": True, "false": False, "(bool)1": True, "(bool)0": False}
@@ -1440,8 +1444,9 @@ def test_cuda_fma_local_kernels_run_and_match_the_reference(size, cluster, packe
         names = _cuda_kernel_names(run)
     assert sum("forward_fma_local_kernel" in n for n in names) == 1, names
     assert sum("backward_fma_local_kernel" in n for n in names) == chunks, names
-    fma = [m.group(0) for n in names if (m := re.search(r"(for|back)ward_fma_local_kernel<[^>]*>", n))]
-    assert all(f.endswith(", 4>") == (four and f.startswith("back")) for f in fma), fma
+    # kSplit: the last template argument.
+    fma = _tc_kernel_args(names, "fma_local")
+    assert all((a[-1] == "4") == (four and kind == "backward") for kind, a in fma), fma
     assert count_tc(names, "forward") == count_tc(names, "backward") == 0, names
     assert not any("resident_kernel" in n or "cell_kernel" in n or "fused_kernel" in n for n in names), names
     assert_packed_run_matches(out, args, ref, ref_args, grads, lengths, 1e-5)
