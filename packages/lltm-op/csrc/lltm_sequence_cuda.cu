@@ -119,6 +119,15 @@ constexpr size_t kCublasLtWorkspaceBytes = size_t(32) << 20;
 // cuBLASLt: about 11 us of tensor-core time on an H100 at 400 TFLOP/s, so
 // that the 5-10 us of host time saved is what matters, not a kernel choice.
 constexpr int64_t kLtProductMaxMacs = int64_t(1) << 31;
+// Full float32 chunk products with a long inner dimension (K past twice
+// the larger of M and N: the weight gradients, K = steps x B) go to
+// cuBLASLt only up to this many multiply-adds, where they take a few
+// microseconds whatever the kernel. Past it the heuristic's first
+// algorithm was a SIMT kernel without split-K, 2.6-3.7x the GPU time of
+// aten::mm's split-K kernels (H100, T64-T1024, B8-B256, S128: 227 against
+// 103 us for a T256 B64 backward's four) and slower calls, where the
+// products that were not long-K matched aten::mm's.
+constexpr int64_t kLtFullF32LongKMaxMacs = int64_t(1) << 25;
 
 // A value another block of this launch wrote: from L2, past this SM's L1.
 template <typename T>
@@ -1986,12 +1995,12 @@ struct CudaDev {
   // (bench/results-h100/lltm_sequence_cublas_path_experiments.md).
   static bool step_product(const Tensor& like, const StepProduct& p, ProductWorkspace& workspace) {
     namespace lt = cublaslt;
-    const int dtype = lt_dtype(like, p.tf32);
+    const int dtype = lt_dtype(like, p.tf32, false);
     if (p.rows * p.S == 0 || dtype < 0) return false;
     // Column-major, as cuBLASLt sees the row-major product: gates^T (3S x
     // rows) += (W_h^T, column-major S x 3S)^T (h^T, S x rows).
     const lt::Shape shape{dtype,
-                          lt_compute(dtype),
+                          lt_compute(dtype, p.tf32),
                           static_cast<uint64_t>(3 * p.S),
                           static_cast<uint64_t>(p.rows),
                           static_cast<uint64_t>(p.S),
@@ -2011,21 +2020,27 @@ struct CudaDev {
   // A chunk's large product (out = a @ b, or out += a @ b; 2-D, each
   // operand with a unit stride): the forward's input projection, the
   // backward's weight and input gradients, d_old_h. Through cuBLASLt where
-  // it runs on tensor cores (float16, bfloat16, float32 on TF32) and has at
-  // most kLtProductMaxMacs multiply-adds, where its host time is most of
-  // what it costs: cublasLtMatmul with a remembered algorithm issues in less
-  // host time than aten::mm, and adds into `out` itself (no scratch product
-  // and add kernel). Larger products, full float32 and float64 stay with
-  // aten::mm, whose kernels this does not second-guess; false means
-  // aten::mm. LLTM_OP_SEQUENCE_CUBLASLT=0 sends them all there,
-  // LLTM_OP_SEQUENCE_CUBLASLT_CHUNKS=0 these alone (A/B).
+  // it has at most kLtProductMaxMacs multiply-adds, where its host time is
+  // most of what it costs: cublasLtMatmul with a remembered algorithm
+  // issues in less host time than aten::mm, and adds into `out` itself (no
+  // scratch product and add kernel). Full float32 too, in cuBLASLt's
+  // float32 compute (no TF32): a two-chunk backward makes eight of these
+  // products and three adds, about 0.2 ms of host time through aten::mm
+  // (float32 TF32 against full float32 forward+backward, T64 B8 S128 on an
+  // H100: 1.04 against 1.30 ms at 0.6.22, both host-bound). Larger
+  // products, full float32's long-K ones past kLtFullF32LongKMaxMacs and
+  // float64 stay with aten::mm, whose kernels this does not second-guess;
+  // false means aten::mm. LLTM_OP_SEQUENCE_CUBLASLT=0 sends
+  // them all there, LLTM_OP_SEQUENCE_CUBLASLT_CHUNKS=0 these alone (A/B).
   static bool product(const Tensor& like, const char* op, Tensor& out, const Tensor& a,
                       const Tensor& b, bool accumulate, bool tf32, ProductWorkspace& workspace) {
     namespace lt = cublaslt;
-    const int dtype = lt_dtype(like, tf32);
+    const int dtype = lt_dtype(like, tf32, true);
     if (dtype < 0 || env_int("LLTM_OP_SEQUENCE_CUBLASLT_CHUNKS", 1) == 0) return false;
     const int64_t M = out.size(0), N = out.size(1), K = a.size(1);
     if (M * N * K == 0 || M * N * K > kLtProductMaxMacs || out.stride(1) != 1) return false;
+    const bool full_f32 = dtype == lt::kR32F && !tf32;
+    if (full_f32 && K > 2 * std::max(M, N) && M * N * K > kLtFullF32LongKMaxMacs) return false;
     // Column-major, out^T (N x M, ld out.stride(0)) = b^T (N x K) a^T (K x
     // M): b^T is b's memory read as is where b's rows are unit-stride (ld its
     // row stride), else b read transposed; a^T likewise.
@@ -2042,7 +2057,7 @@ struct CudaDev {
       return true;
     };
     lt::Shape shape{dtype,
-                    lt_compute(dtype),
+                    lt_compute(dtype, tf32),
                     static_cast<uint64_t>(N),
                     static_cast<uint64_t>(M),
                     static_cast<uint64_t>(K),
@@ -2066,22 +2081,24 @@ struct CudaDev {
     return true;
   }
 
-  // cuBLASLt's data type for the call's products on tensor cores (float16,
-  // bfloat16, float32 where the call allows TF32), or -1: aten::mm (also
-  // where cuBLASLt is not loaded, or LLTM_OP_SEQUENCE_CUBLASLT=0); float32
-  // is 0 (CUDA_R_32F).
-  static int lt_dtype(const Tensor& like, bool tf32) {
+  // cuBLASLt's data type for the call's products: float16, bfloat16,
+  // float32 where the call allows TF32 or `full_f32` (full float32 taken
+  // too); -1: aten::mm (also where cuBLASLt is not loaded, or
+  // LLTM_OP_SEQUENCE_CUBLASLT=0). float32 is 0 (CUDA_R_32F).
+  static int lt_dtype(const Tensor& like, bool tf32, bool full_f32) {
     using ST = torch::headeronly::ScalarType;
     namespace lt = cublaslt;
     if (lt::api() == nullptr || env_int("LLTM_OP_SEQUENCE_CUBLASLT", 1) == 0) return -1;
     const ST st = like.scalar_type();
-    if (st == ST::Float && tf32) return lt::kR32F;
+    if (st == ST::Float && (tf32 || full_f32)) return lt::kR32F;
     if (st == ST::Half) return lt::kR16F;
     if (st == ST::BFloat16) return lt::kR16BF;
     return -1;
   }
-  static int lt_compute(int dtype) {
-    return dtype == cublaslt::kR32F ? cublaslt::kCompute32FFastTf32 : cublaslt::kCompute32F;
+  // float32 on TF32 only where the call allows it; CUBLAS_COMPUTE_32F is
+  // float32 arithmetic (the 16-bit types accumulate in it).
+  static int lt_compute(int dtype, bool tf32) {
+    return dtype == cublaslt::kR32F && tf32 ? cublaslt::kCompute32FFastTf32 : cublaslt::kCompute32F;
   }
 
   // c = op(a) op(b), or c += op(a) op(b) (accumulate), as `shape` says, on

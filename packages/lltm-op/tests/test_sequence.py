@@ -1643,11 +1643,12 @@ def test_cuda_cublas_path_runs_its_forward_products_in_cublaslt(dtype, tf32):
 @TENSOR_CORE_PRECISIONS
 def test_cuda_chunk_products_run_in_cublaslt(dtype, tf32):
     """A small call's large products (the input projection, the weight and
-    input gradients of each backward chunk, d_old_h) on tensor cores go to
-    cuBLASLt, the second chunk's weight gradients added into the first's:
-    no aten::mm call is left with two chunks, nine without cuBLASLt
-    (LLTM_OP_SEQUENCE_CUBLASLT_CHUNKS=0) or in full float32. Values and
-    gradients match float64 either way (B, S and F off every tile)."""
+    input gradients of each backward chunk, d_old_h) go to cuBLASLt, the
+    second chunk's weight gradients added into the first's: no aten::mm
+    call is left with two chunks, nine without cuBLASLt
+    (LLTM_OP_SEQUENCE_CUBLASLT_CHUNKS=0). Full float32 runs no TF32 kernel
+    either way. Values and gradients match float64 either way (B, S and F
+    off every tile)."""
     need("cuda")
     if dtype == torch.bfloat16 and torch.cuda.get_device_capability()[0] < 8:
         pytest.skip("bfloat16 products on tensor cores need sm_80 or newer")
@@ -1657,7 +1658,7 @@ def test_cuda_chunk_products_run_in_cublaslt(dtype, tf32):
     ref = flat(reference(*ref_args))
     torch.autograd.backward(ref, [torch.ones_like(r) for r in ref])
     limit = TF32_LIMIT if tf32 else LIMITS[dtype]
-    calls = {}
+    calls, named = {}, {}
     for chunks in ("1", "0"):
         args = [t.detach().clone().requires_grad_() for t in inputs]
         out = []
@@ -1667,13 +1668,17 @@ def test_cuda_chunk_products_run_in_cublaslt(dtype, tf32):
             torch.autograd.backward(out, [torch.ones_like(o) for o in out])
 
         with env(LLTM_OP_SEQUENCE_CUBLASLT_CHUNKS=chunks, LLTM_OP_SEQUENCE_CHUNKS="2"), tf32_matmul(tf32):
-            calls[chunks], _ = _mm_calls(run)
+            calls[chunks], named[chunks] = _mm_calls(run)
         for name, o, r in zip(("outputs", "h_n", "c_n"), out, ref):
             assert rel_err(o.detach().cpu(), r) <= limit, (chunks, name)
         for name, a, r in zip(("input", "weights", "bias", "old_h", "old_cell"), args, ref_args):
             assert rel_err(a.grad.cpu(), r.grad) <= limit, (chunks, f"grad of {name}")
     assert calls["0"] == 9, calls
-    assert calls["1"] == (0 if dtype != torch.float32 or tf32 else 9), calls
+    assert calls["1"] == 0, calls
+    if dtype == torch.float32 and not tf32:
+        for chunks, names in named.items():
+            # cuBLAS's TF32 kernels: tf32 in the name, or s1688 / tf32 tensor-op CUTLASS kernels.
+            assert not any("tf32" in n or "s1688" in n for n in names), (chunks, names)
 
 
 @pytest.mark.cuda
