@@ -1682,6 +1682,40 @@ def test_cuda_chunk_products_run_in_cublaslt(dtype, tf32):
 
 
 @pytest.mark.cuda
+def test_cuda_full_float32_long_weight_gradients_stay_with_aten_mm():
+    """Full float32's weight-gradient products (K = steps x B, long against
+    M = 3S and N) past 2^25 multiply-adds go to aten::mm, the rest of a
+    call's chunk products to cuBLASLt: four aten::mm calls with two chunks
+    here (each chunk's dW_x and the dW_h over its steps past the first; the
+    first step's dW_h, over B rows, stays in cuBLASLt), nine with
+    LLTM_OP_SEQUENCE_CUBLASLT_CHUNKS=0. No TF32 kernel runs; values and
+    gradients match float64."""
+    need("cuda")
+    T, B, F, S = 64, 96, 64, 64  # dW_h: 3S x S x (32 - 1) B = 36.6M multiply-adds
+    inputs = make_args(T, B, F, S, dtype=torch.float32, device="cuda", generator=torch.Generator().manual_seed(9))
+    ref_args = [t.detach().double().cpu().requires_grad_() for t in inputs]
+    ref = flat(reference(*ref_args))
+    torch.autograd.backward(ref, [torch.ones_like(r) for r in ref])
+    calls = {}
+    for chunks in ("1", "0"):
+        args = [t.detach().clone().requires_grad_() for t in inputs]
+        out = []
+
+        def run(args=args, out=out):
+            out.extend(flat(lltm_sequence(*args)))
+            torch.autograd.backward(out, [torch.ones_like(o) for o in out])
+
+        with env(LLTM_OP_SEQUENCE_CUBLASLT_CHUNKS=chunks, LLTM_OP_SEQUENCE_CHUNKS="2"), tf32_matmul(False):
+            calls[chunks], names = _mm_calls(run)
+        assert not any("tf32" in n or "s1688" in n for n in names), (chunks, names)
+        for name, o, r in zip(("outputs", "h_n", "c_n"), out, ref):
+            assert rel_err(o.detach().cpu(), r) <= LIMITS[torch.float32], (chunks, name)
+        for name, a, r in zip(("input", "weights", "bias", "old_h", "old_cell"), args, ref_args):
+            assert rel_err(a.grad.cpu(), r.grad) <= LIMITS[torch.float32], (chunks, f"grad of {name}")
+    assert calls == {"1": 4, "0": 9}, calls
+
+
+@pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cuda_cublas_path_cell_kernels_launched_early_match_plain_launches(dtype):
     """The cuBLAS path's cell kernels may launch before the step product
