@@ -1639,25 +1639,14 @@ def test_cuda_cublas_path_runs_its_forward_products_in_cublaslt(dtype, tf32):
         assert uses_tf32 == tf32, named["1", 10]
 
 
-@pytest.mark.cuda
-@TENSOR_CORE_PRECISIONS
-def test_cuda_chunk_products_run_in_cublaslt(dtype, tf32):
-    """A small call's large products (the input projection, the weight and
-    input gradients of each backward chunk, d_old_h) go to cuBLASLt, the
-    second chunk's weight gradients added into the first's: no aten::mm
-    call is left with two chunks, nine without cuBLASLt
-    (LLTM_OP_SEQUENCE_CUBLASLT_CHUNKS=0). Full float32 runs no TF32 kernel
-    either way. Values and gradients match float64 either way (B, S and F
-    off every tile)."""
-    need("cuda")
-    if dtype == torch.bfloat16 and torch.cuda.get_device_capability()[0] < 8:
-        pytest.skip("bfloat16 products on tensor cores need sm_80 or newer")
-    T, B, F, S = 6, 5, 20, 24
-    inputs = make_args(T, B, F, S, dtype=dtype, device="cuda", generator=torch.Generator().manual_seed(7))
+def _chunk_product_calls(inputs, tf32: bool, limit: float) -> tuple[dict, dict]:
+    """aten::mm calls and CUDA kernels of a forward+backward in two chunks,
+    keyed by LLTM_OP_SEQUENCE_CUBLASLT_CHUNKS ("1": the chunk products
+    through cuBLASLt where it takes them, "0": all through aten::mm);
+    values and gradients checked against float64 both ways."""
     ref_args = [t.detach().double().cpu().requires_grad_() for t in inputs]
     ref = flat(reference(*ref_args))
     torch.autograd.backward(ref, [torch.ones_like(r) for r in ref])
-    limit = TF32_LIMIT if tf32 else LIMITS[dtype]
     calls, named = {}, {}
     for chunks in ("1", "0"):
         args = [t.detach().clone().requires_grad_() for t in inputs]
@@ -1673,12 +1662,34 @@ def test_cuda_chunk_products_run_in_cublaslt(dtype, tf32):
             assert rel_err(o.detach().cpu(), r) <= limit, (chunks, name)
         for name, a, r in zip(("input", "weights", "bias", "old_h", "old_cell"), args, ref_args):
             assert rel_err(a.grad.cpu(), r.grad) <= limit, (chunks, f"grad of {name}")
-    assert calls["0"] == 9, calls
-    assert calls["1"] == 0, calls
+    return calls, named
+
+
+def _no_tf32_kernels(named: dict) -> None:
+    for chunks, names in named.items():
+        # cuBLAS's TF32 kernels: tf32 in the name, or s1688 / tf32 tensor-op CUTLASS kernels.
+        assert not any("tf32" in n or "s1688" in n for n in names), (chunks, names)
+
+
+@pytest.mark.cuda
+@TENSOR_CORE_PRECISIONS
+def test_cuda_chunk_products_run_in_cublaslt(dtype, tf32):
+    """A small call's large products (the input projection, the weight and
+    input gradients of each backward chunk, d_old_h) go to cuBLASLt, the
+    second chunk's weight gradients added into the first's: no aten::mm
+    call is left with two chunks, nine without cuBLASLt
+    (LLTM_OP_SEQUENCE_CUBLASLT_CHUNKS=0). Full float32 runs no TF32 kernel
+    either way. Values and gradients match float64 either way (B, S and F
+    off every tile)."""
+    need("cuda")
+    if dtype == torch.bfloat16 and torch.cuda.get_device_capability()[0] < 8:
+        pytest.skip("bfloat16 products on tensor cores need sm_80 or newer")
+    T, B, F, S = 6, 5, 20, 24
+    inputs = make_args(T, B, F, S, dtype=dtype, device="cuda", generator=torch.Generator().manual_seed(7))
+    calls, named = _chunk_product_calls(inputs, tf32, TF32_LIMIT if tf32 else LIMITS[dtype])
+    assert calls == {"1": 0, "0": 9}, calls
     if dtype == torch.float32 and not tf32:
-        for chunks, names in named.items():
-            # cuBLAS's TF32 kernels: tf32 in the name, or s1688 / tf32 tensor-op CUTLASS kernels.
-            assert not any("tf32" in n or "s1688" in n for n in names), (chunks, names)
+        _no_tf32_kernels(named)
 
 
 @pytest.mark.cuda
@@ -1693,26 +1704,9 @@ def test_cuda_full_float32_long_weight_gradients_stay_with_aten_mm():
     need("cuda")
     T, B, F, S = 64, 96, 64, 64  # dW_h: 3S x S x (32 - 1) B = 36.6M multiply-adds
     inputs = make_args(T, B, F, S, dtype=torch.float32, device="cuda", generator=torch.Generator().manual_seed(9))
-    ref_args = [t.detach().double().cpu().requires_grad_() for t in inputs]
-    ref = flat(reference(*ref_args))
-    torch.autograd.backward(ref, [torch.ones_like(r) for r in ref])
-    calls = {}
-    for chunks in ("1", "0"):
-        args = [t.detach().clone().requires_grad_() for t in inputs]
-        out = []
-
-        def run(args=args, out=out):
-            out.extend(flat(lltm_sequence(*args)))
-            torch.autograd.backward(out, [torch.ones_like(o) for o in out])
-
-        with env(LLTM_OP_SEQUENCE_CUBLASLT_CHUNKS=chunks, LLTM_OP_SEQUENCE_CHUNKS="2"), tf32_matmul(False):
-            calls[chunks], names = _mm_calls(run)
-        assert not any("tf32" in n or "s1688" in n for n in names), (chunks, names)
-        for name, o, r in zip(("outputs", "h_n", "c_n"), out, ref):
-            assert rel_err(o.detach().cpu(), r) <= LIMITS[torch.float32], (chunks, name)
-        for name, a, r in zip(("input", "weights", "bias", "old_h", "old_cell"), args, ref_args):
-            assert rel_err(a.grad.cpu(), r.grad) <= LIMITS[torch.float32], (chunks, f"grad of {name}")
+    calls, named = _chunk_product_calls(inputs, False, LIMITS[torch.float32])
     assert calls == {"1": 4, "0": 9}, calls
+    _no_tf32_kernels(named)
 
 
 @pytest.mark.cuda
