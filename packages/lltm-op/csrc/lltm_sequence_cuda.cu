@@ -717,7 +717,8 @@ struct LocalLaunch {
   bool ok = false;
   bool fma = false;
   int split = 1;  // warps a column tile (fma; the tensor cores' cluster forward)
-  int rows = 16;  // batch rows a cluster (the tensor cores': 16, or 8 in a cluster)
+  // Batch rows a cluster: 16, or 8 (see tc::kLocalEightRows).
+  int rows = static_cast<int>(tc::kLocalRows);
   int threads = 0;
   dim3 grid;
   size_t smem = 0;

@@ -55,6 +55,14 @@ constexpr int kLocalEightRows = 8;
 // multiprocessors.
 template <bool kFma>
 constexpr int64_t kLocalRowsOf = kFma ? kLocalEightRows : kLocalRows;
+// The accumulator's row halves a block's kRows batch rows fill (16 or 8;
+// the FMA kernels 8).
+template <bool kFma, int64_t kRows>
+constexpr int local_halves() {
+  static_assert(kRows == kLocalRowsOf<true> || (kRows == kLocalRows && !kFma),
+                "16 or 8 rows, 8 on FMA");
+  return static_cast<int>(kRows / 8);
+}
 // At most 12 warps (column tiles) a block, what the rule
 // (compute_local_launch) gives one block: the launch bound, 168 registers
 // a thread (16 warps would leave 128, where the float32 backward spills).
@@ -671,9 +679,7 @@ __device__ __forceinline__ void forward_local(int64_t steps, int64_t B, int64_t 
                                               int64_t ld_w, const T* c0, T* outs, T* cells, T* h_n,
                                               T* c_n, const int64_t* bs) {
   constexpr int NT = 3 * Q;
-  static_assert(kRows == kLocalRowsOf<true> || (kRows == kLocalRows && !kFma),
-                "16 or 8 rows, 8 on FMA");
-  constexpr int kHalves = static_cast<int>(kRows / 8);
+  constexpr int kHalves = local_halves<kFma, kRows>();
   using Math = std::conditional_t<kFma, AccurateMath, TcMath>;
   extern __shared__ __align__(16) unsigned char smem[];
   const int KC = static_cast<int>((S + kChunk<T> - 1) / kChunk<T>), KT = 2 * KC;
@@ -925,9 +931,7 @@ __device__ __forceinline__ void backward_local(int64_t T_, int64_t t0, int64_t t
                                                T* dc, const T* gates, const T* cells, const T* c0,
                                                float* partial, const int64_t* bs) {
   constexpr int NT = Q;
-  static_assert(kRows == kLocalRowsOf<true> || (kRows == kLocalRows && !kFma),
-                "16 or 8 rows, 8 on FMA");
-  constexpr int kHalves = static_cast<int>(kRows / 8);
+  constexpr int kHalves = local_halves<kFma, kRows>();
   using Math = std::conditional_t<kFma, AccurateMath, TcMath>;
   extern __shared__ __align__(16) unsigned char smem[];
   const int64_t S3 = 3 * S;

@@ -1423,9 +1423,10 @@ def test_cuda_fma_local_kernels_run_and_match_the_reference(size, cluster, packe
     if not runs_fma_local(S, B, cluster):
         pytest.skip("those block-local kernels do not run at this size on this GPU")
     C = fma_cluster(S, B, cluster)
-    four = split is None and S > 64 and C > 1 and ((S + 7) // 8 + C - 1) // C <= 2
-    if split == 2 and not (S > 64 and C > 1 and ((S + 7) // 8 + C - 1) // C <= 2):
+    backward_on_four = S > 64 and C > 1 and ((S + 7) // 8 + C - 1) // C <= 2  # the rule's
+    if split == 2 and not backward_on_four:
         pytest.skip("the rule's split is at most two here")
+    four = split is None and backward_on_four
     gen = torch.Generator().manual_seed(sum(size) + packed)
     lengths = random_lengths(T, B, gen) if packed else [T] * B
     args = make_args(T, B, F, S, dtype=torch.float32, device="cuda", generator=gen)
@@ -1589,6 +1590,12 @@ TENSOR_CORE_PRECISIONS = pytest.mark.parametrize(
 )
 
 
+def _uses_tf32_kernels(names: list[str]) -> bool:
+    """Whether cuBLAS ran TF32 kernels: it names them so (tf32 in the name,
+    or s1688 / tf32 tensor-op CUTLASS kernels)."""
+    return any("tf32" in n or "s1688" in n for n in names)
+
+
 def _mm_calls(fn) -> tuple[int, list[str]]:
     """aten::mm calls through torch's dispatcher in fn (the op's own
     included), and the CUDA kernels it ran."""
@@ -1633,10 +1640,7 @@ def test_cuda_cublas_path_runs_its_forward_products_in_cublaslt(dtype, tf32):
     assert calls["1", 10] - calls["1", 4] == (6 if cublaslt else 12), calls
     assert calls["0", 10] - calls["0", 4] == 12, calls
     if dtype == torch.float32:
-        # cuBLAS names its TF32 kernels so (tf32 in the name, or s1688 /
-        # tf32 tensor-op CUTLASS kernels).
-        uses_tf32 = any("tf32" in n or "s1688" in n for n in named["1", 10])
-        assert uses_tf32 == tf32, named["1", 10]
+        assert _uses_tf32_kernels(named["1", 10]) == tf32, named["1", 10]
 
 
 def _chunk_product_calls(inputs, tf32: bool, limit: float) -> tuple[dict, dict]:
@@ -1665,12 +1669,6 @@ def _chunk_product_calls(inputs, tf32: bool, limit: float) -> tuple[dict, dict]:
     return calls, named
 
 
-def _no_tf32_kernels(named: dict) -> None:
-    for chunks, names in named.items():
-        # cuBLAS's TF32 kernels: tf32 in the name, or s1688 / tf32 tensor-op CUTLASS kernels.
-        assert not any("tf32" in n or "s1688" in n for n in names), (chunks, names)
-
-
 @pytest.mark.cuda
 @TENSOR_CORE_PRECISIONS
 def test_cuda_chunk_products_run_in_cublaslt(dtype, tf32):
@@ -1689,7 +1687,7 @@ def test_cuda_chunk_products_run_in_cublaslt(dtype, tf32):
     calls, named = _chunk_product_calls(inputs, tf32, TF32_LIMIT if tf32 else LIMITS[dtype])
     assert calls == {"1": 0, "0": 9}, calls
     if dtype == torch.float32 and not tf32:
-        _no_tf32_kernels(named)
+        assert not any(_uses_tf32_kernels(names) for names in named.values()), named
 
 
 @pytest.mark.cuda
@@ -1706,7 +1704,7 @@ def test_cuda_full_float32_long_weight_gradients_stay_with_aten_mm():
     inputs = make_args(T, B, F, S, dtype=torch.float32, device="cuda", generator=torch.Generator().manual_seed(9))
     calls, named = _chunk_product_calls(inputs, False, LIMITS[torch.float32])
     assert calls == {"1": 4, "0": 9}, calls
-    _no_tf32_kernels(named)
+    assert not any(_uses_tf32_kernels(names) for names in named.values()), named
 
 
 @pytest.mark.cuda
