@@ -261,6 +261,30 @@ inline void mm_out(const char* op, Tensor& out, const Tensor& a, const Tensor& b
   (void)torch::stable::detail::to<Tensor>(stack[0]);
 }
 
+// A step's recurrent product split over k, one partial product a split:
+// parts[z] = a[:, z Kc : (z + 1) Kc] @ b[z Kc : (z + 1) Kc, :] for z <
+// splits (Kc = K / splits), through aten::bmm on strided views of a ([M, K],
+// row stride lda, unit column stride) and b ([K, N], strides sb0, sb1);
+// parts: [splits, M, N] rows of a [splits, rows, N] buffer (split stride
+// rows * N). The device's cell kernel adds the partials up.
+inline void split_product(const char* op, Tensor& parts, int64_t rows, const Tensor& a_base,
+                          int64_t a_off, int64_t lda, const Tensor& b_base, int64_t b_off,
+                          int64_t sb0, int64_t sb1, int64_t M, int64_t N, int64_t K,
+                          int64_t splits) {
+  const int64_t kc = K / splits;
+  const Tensor a = view_of(a_base, {splits, M, kc}, {kc, lda, 1}, a_off);
+  const Tensor b = view_of(b_base, {splits, kc, N}, {kc * sb0, sb0, sb1}, b_off);
+  Tensor out = view_of(parts, {splits, M, N}, {rows * N, N, 1});
+  std::array<StableIValue, 3> stack{torch::stable::detail::from(a), torch::stable::detail::from(b),
+                                    torch::stable::detail::from(out)};
+  const auto err = torch_call_dispatcher("aten::bmm", "out", stack.data(), TORCH_ABI_VERSION);
+  OPSCOMMON_CHECK(err == AOTI_TORCH_SUCCESS, op, ": a step's recurrent product in ", splits,
+                  " parts of k (", opscommon::shape_str(a), " @ ", opscommon::shape_str(b),
+                  ", aten::bmm) failed on ", opscommon::device_str(a_base),
+                  "; torch printed its reason above");
+  (void)torch::stable::detail::to<Tensor>(stack[0]);
+}
+
 // A contiguous tensor equal to t (t itself when it already is one).
 inline Tensor dense(const Tensor& t) { return opscommon::contiguous_of(t); }
 
@@ -306,6 +330,9 @@ struct ForwardStep {
   // rec is null because the step product was already added into gates
   // (Dev::step_product), not because the device computes it.
   bool product_in_gates = false;
+  // rec holds rec_splits partial products (split_product), rec_stride
+  // elements apart, that the cell adds up; 1: rec is the product.
+  int64_t rec_splits = 1, rec_stride = 0;
 };
 
 // One forward step's recurrent product on the cuBLAS path, added into the
@@ -343,6 +370,9 @@ struct BackwardStep {
   void* d_gates;
   void* dc_out;
   void* bias_partial;
+  // rec holds rec_splits partial products, rec_stride elements apart (see
+  // ForwardStep).
+  int64_t rec_splits = 1, rec_stride = 0;
 };
 
 // Several steps run by the device in one go (the fused path's persistent
@@ -403,6 +433,11 @@ struct BackwardSteps {
 //       ProductWorkspace& workspace): add a forward step's product into
 //       its gates (workspace: the call's scratch, which the device may
 //       allocate or grow up to its bound), or return false for aten::mm;
+//   static int64_t step_splits(const Tensor& like, int64_t M, int64_t N,
+//       int64_t K, bool tf32, int64_t bound): in how many parts of k a
+//       step's recurrent product (M x K @ K x N) runs on the cuBLAS path
+//       (split_product; its cell kernels add the parts), with at most
+//       `bound` bytes of partials past the one product; 1: one aten::mm;
 //   static bool product(const Tensor& like, const char* op, Tensor& out,
 //       const Tensor& a, const Tensor& b, bool accumulate, bool tf32,
 //       ProductWorkspace& workspace): a chunk's large product, out = a @ b
@@ -587,6 +622,9 @@ ForwardResult sequence_forward(const Tensor& input_arg, const Tensor& weights_ar
   std::optional<Tensor> rec;
   ChunkProducts<Dev> products{op, like, tf32,
                               product_workspace(d, static_cast<int64_t>(like.element_size()))};
+  const int64_t splits = step_fused || rows.packed()
+                             ? 1
+                             : Dev::step_splits(like, B, S3, S, tf32, products.workspace.bound);
   for (int64_t t0 = 0; t0 < T && rows.at(t0) > 0; t0 += K) {
     const int64_t t1 = std::min(T, t0 + K), steps = t1 - t0;
     // Chunk slots: step t's gates and cell state at slot t - t0.
@@ -651,6 +689,14 @@ ForwardResult sequence_forward(const Tensor& input_arg, const Tensor& weights_ar
                                    {op, n, S, s.h_prev, weights.const_data_ptr(), L, s.gates, tf32},
                                    products.workspace)) {
         s.product_in_gates = true;  // the cell adds the bias
+      } else if (splits > 1) {
+        if (!rec) rec = alloc(op, "a step's recurrent product", like, {splits, B, S3});
+        const Tensor& h_base = t ? r.outputs : old_h;
+        split_product(op, *rec, B, h_base, t ? (t - 1) * B * S : 0, S, weights, 0, 1, L, n, S3, S,
+                      splits);
+        s.rec = rec->const_data_ptr();
+        s.rec_splits = splits;
+        s.rec_stride = B * S3;
       } else {
         const Tensor h_prev = t ? view_of(r.outputs, {n, S}, {S, 1}, (t - 1) * B * S)
                                 : view_of(old_h, {n, S}, {S, 1});
@@ -733,14 +779,21 @@ BackwardResult sequence_backward(const std::optional<Tensor>& grad_outputs_arg,
   // step of the chunk after it (in time), which the chunk's last step needs.
   Tensor dG = alloc(op, "the pre-activation gradients of a chunk", like, {K + 1, B, S3});
   Tensor& dc = r.d_old_cell;  // running gradient of the cell state
+  ChunkProducts<Dev> products{op, like, tf32,
+                              product_workspace(d, static_cast<int64_t>(like.element_size()))};
+  // The steps' products dG_{t+1} W_h in parts of k (split_product), or one.
+  const int64_t splits = step_fused || rows.packed()
+                             ? 1
+                             : Dev::step_splits(like, B, S, S3, tf32, products.workspace.bound);
   std::optional<Tensor> dh;
-  if (!step_fused) dh = alloc(op, "a step's recurrent gradient", like, {B, S});
+  if (!step_fused) {
+    dh = splits > 1 ? alloc(op, "a step's recurrent gradient", like, {splits, B, S})
+                    : alloc(op, "a step's recurrent gradient", like, {B, S});
+  }
   Tensor partial = Dev::bias_partial(like, d, fused);
   const Tensor w_h = view_of(weights, {S3, S}, {L, 1});
   const Tensor w_x = view_of(weights, {S3, F}, {L, 1}, S);
 
-  ChunkProducts<Dev> products{op, like, tf32,
-                              product_workspace(d, static_cast<int64_t>(like.element_size()))};
   GemmAccumulator acc_h{op, view_of(r.d_weights, {S3, S}, {L, 1})};
   GemmAccumulator acc_x{op, view_of(r.d_weights, {S3, F}, {L, 1}, S)};
 
@@ -830,6 +883,11 @@ BackwardResult sequence_backward(const std::optional<Tensor>& grad_outputs_arg,
           s.dG_next = slot(next_slot);
           s.w_h = weights.const_data_ptr();
           s.w_ld = L;
+        } else if (splits > 1) {
+          split_product(op, *dh, B, dG, next_slot * B * S3, S3, weights, 0, L, 1, B, S, S3, splits);
+          s.rec = dh->const_data_ptr();
+          s.rec_splits = splits;
+          s.rec_stride = B * S;
         } else {
           mm_out(op, *dh, slot_view(next_slot, 1), w_h);
           s.rec = dh->const_data_ptr();

@@ -104,6 +104,9 @@ constexpr int kBwdRows = 8;
 // to B64 S512 / B256 S256 / B8 S1024 (5.9 vs 18.4 ms at B64 S256), loses at
 // B64 S1024 (29.7 vs 22.4 ms, 2^27.6 multiply-adds).
 constexpr int64_t kFusedMaxMacs = int64_t(1) << 26;
+// The partial products a step's product in parts of k may take
+// (CudaDev::step_splits).
+constexpr int64_t kStepSplitBytes = int64_t(8) << 20;
 // Shared memory the persistent kernels may stage a step's state in (a block's
 // static shared memory for the reductions comes on top; 48 KB needs no opt-in).
 constexpr size_t kMaxStageBytes = 32 * 1024;
@@ -175,8 +178,9 @@ __device__ __forceinline__ T* stage_memory() {
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     forward_cell_kernel(int64_t B, int64_t S, T* __restrict__ gates, const T* __restrict__ rec,
-                        const T* __restrict__ bias, const T* __restrict__ c_prev, T* __restrict__ h,
-                        T* __restrict__ c, T* __restrict__ h_n, T* __restrict__ c_n) {
+                        int64_t rec_splits, int64_t rec_stride, const T* __restrict__ bias,
+                        const T* __restrict__ c_prev, T* __restrict__ h, T* __restrict__ c,
+                        T* __restrict__ h_n, T* __restrict__ c_n) {
   using A = Acc<T>;
   const int64_t n = B * S;
   wait_for_grid_dependencies();
@@ -189,8 +193,14 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int k = 0; k < 3; ++k) {
       const int64_t col = k * S + j;
-      // rec null: the product was added into the gates already.
-      const A product = rec != nullptr ? to_acc(rec[r * 3 * S + col]) : A(0);
+      // rec null: the product was added into the gates already; else
+      // rec_splits partial products (split_product), added in order.
+      A product = A(0);
+      if (rec != nullptr) {
+        for (int64_t z = 0; z < rec_splits; ++z) {
+          product += to_acc(rec[z * rec_stride + r * 3 * S + col]);
+        }
+      }
       const T v = to_storage<T>(to_acc(g[col]) + product + to_acc(bias[col]));
       g[col] = v;
       pre[k] = to_acc(v);
@@ -217,9 +227,9 @@ constexpr int kCellRows = 2;
 template <typename T>
 __global__ void __launch_bounds__(32 * kBwdRows)
     backward_cell_kernel(int64_t B, int64_t S, const T* __restrict__ go,
-                         const T* __restrict__ other, const T* dc_in, const T* __restrict__ gates,
-                         const T* __restrict__ c_prev, T* __restrict__ dg, T* dc_out,
-                         Acc<T>* __restrict__ partial) {
+                         const T* __restrict__ other, int64_t other_splits, int64_t other_stride,
+                         const T* dc_in, const T* __restrict__ gates, const T* __restrict__ c_prev,
+                         T* __restrict__ dg, T* dc_out, Acc<T>* __restrict__ partial) {
   using A = Acc<T>;
   __shared__ A red[kBwdRows][3][32];
   const int64_t j = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
@@ -238,7 +248,13 @@ __global__ void __launch_bounds__(32 * kBwdRows)
         const int64_t i = r * S + j;
         grad_h[q] = A(0);
         if (in && go != nullptr) grad_h[q] += to_acc(go[i]);
-        if (in && other != nullptr) grad_h[q] += to_acc(other[i]);
+        if (in && other != nullptr) {
+          // other_splits partial products of dG W_h (split_product), or one
+          // term; added in order.
+          A o = A(0);
+          for (int64_t z = 0; z < other_splits; ++z) o += to_acc(other[z * other_stride + i]);
+          grad_h[q] += o;
+        }
         grad_c[q] = in && dc_in != nullptr ? to_acc(dc_in[i]) : A(0);
 #pragma unroll
         for (int k = 0; k < 3; ++k) g[q][k] = in ? to_acc(gates[r * 3 * S + k * S + j]) : A(0);
@@ -1975,12 +1991,42 @@ struct CudaDev {
         const auto cfg = opscommon::launch_config(s.B * s.S, device, kThreads, opscommon::kNoSmCap);
         launch_after_prior(forward_cell_kernel<T>, dim3(cfg.blocks), dim3(cfg.threads), stream,
                            device, s.B, s.S, static_cast<T*>(s.gates), static_cast<const T*>(s.rec),
-                           static_cast<const T*>(s.bias), static_cast<const T*>(s.c_prev),
-                           static_cast<T*>(s.h), static_cast<T*>(s.c), static_cast<T*>(s.h_n),
-                           static_cast<T*>(s.c_n));
+                           s.rec_splits, s.rec_stride, static_cast<const T*>(s.bias),
+                           static_cast<const T*>(s.c_prev), static_cast<T*>(s.h),
+                           static_cast<T*>(s.c), static_cast<T*>(s.h_n), static_cast<T*>(s.c_n));
       }
       OPSCOMMON_CUDA_CHECK_LAUNCH();
     });
+  }
+
+  // Full float32's step products on the cuBLAS path in parts of k
+  // (split_product: one aten::bmm of `splits` partial products, added up by
+  // the cell kernel). cuBLAS's float32 kernels tile these few-row products
+  // coarsely and finish a split-K with a reduction kernel of its own; the
+  // parts as a batch fill the GPU and leave the sum to the cell, which reads
+  // the product anyway. Measured (H100, GPU time a product, us, one aten::mm
+  // against the parts; CUDA graphs): forward B64 S1024 17.9 against 14.7 (8
+  // parts), B256 S512 17.5 / 14.6 (4), B256 S1024 49.5 / 45.5 (2); backward
+  // B64 S1024 19.9 / 14.0 (8), B256 S512 18.4 / 13.5 (8), B256 S1024 44.7 /
+  // 38.1 (8). Fewer parts than those were no faster than aten::mm or slower
+  // (forward B64 S1024 in 2 parts: 21.5), so the rule takes the most parts
+  // with at least 128 k each and at most kStepSplitBytes of partials, up to
+  // 8, and none where that many do not fit the call's workspace bound (the
+  // bytes past one product). Tensor-core products (float16, bfloat16, TF32)
+  // and the fused paths have none. LLTM_OP_SEQUENCE_STEP_SPLITS=s asks for
+  // s parts wherever they divide k (tests, benchmarks; 1: none).
+  static int64_t step_splits(const Tensor& like, int64_t M, int64_t N, int64_t K, bool tf32,
+                             int64_t bound) {
+    if (like.scalar_type() != torch::headeronly::ScalarType::Float || tf32) return 1;
+    const int64_t force = env_int("LLTM_OP_SEQUENCE_STEP_SPLITS", 0);
+    if (force > 0) return force <= K && K % force == 0 ? force : 1;
+    if (M * N * K <= kFusedMaxMacs) return 1;
+    const int64_t product_bytes = M * N * static_cast<int64_t>(sizeof(float));
+    for (int64_t s = 8; s > 1; s /= 2) {
+      if (K % s != 0 || K / s < 128 || s * product_bytes > kStepSplitBytes) continue;
+      return (s - 1) * product_bytes <= bound ? s : 1;
+    }
+    return 1;
   }
 
   // A forward step's product through cuBLASLt (see lltm_sequence_cublaslt.h),
@@ -2165,8 +2211,9 @@ struct CudaDev {
       } else {
         const dim3 grid(gx, static_cast<unsigned int>(backward_block_rows(s.B, s.S, device)));
         const T* other = static_cast<const T*>(s.rec != nullptr ? s.rec : s.extra);
+        const int64_t splits = s.rec != nullptr ? s.rec_splits : 1;
         launch_after_prior(backward_cell_kernel<T>, grid, dim3(32, kBwdRows), stream, device, s.B,
-                           s.S, static_cast<const T*>(s.grad_out), other,
+                           s.S, static_cast<const T*>(s.grad_out), other, splits, s.rec_stride,
                            static_cast<const T*>(s.dc_in), static_cast<const T*>(s.gates),
                            static_cast<const T*>(s.c_prev), static_cast<T*>(s.d_gates),
                            static_cast<T*>(s.dc_out), partial);

@@ -1707,6 +1707,79 @@ def test_cuda_full_float32_long_weight_gradients_stay_with_aten_mm():
     assert not any(_uses_tf32_kernels(names) for names in named.values()), named
 
 
+def _bmm_calls(fn) -> int:
+    """aten::bmm calls through torch's dispatcher in fn."""
+    return sum(1 for e in _profiled_events(fn, cpu=True) if e.name == "aten::bmm")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize(
+    ("S", "splits", "forward_split", "backward_split"),
+    [(64, "4", True, True), (50, "3", False, True), (50, "2", True, True), (24, "72", False, True)],
+)
+def test_cuda_full_float32_step_products_in_parts_of_k_match_float64(S, splits, forward_split, backward_split):
+    """Full float32's step products on the cuBLAS path in parts of k
+    (LLTM_OP_SEQUENCE_STEP_SPLITS=s: one aten::bmm of s partial products a
+    step, added up by the cell kernels) where s divides k (forward K = S,
+    backward 3S), one aten::mm otherwise: outputs and all five gradients
+    match float64 (B and S off every tile, a part of a single k)."""
+    need("cuda")
+    T, B, F = 5, 37, 20
+    inputs = make_args(T, B, F, S, dtype=torch.float32, device="cuda", generator=torch.Generator().manual_seed(13))
+    ref_args = [t.detach().double().cpu().requires_grad_() for t in inputs]
+    ref = flat(reference(*ref_args))
+    torch.autograd.backward(ref, [torch.ones_like(r) for r in ref])
+    args = [t.detach().clone().requires_grad_() for t in inputs]
+    out = []
+
+    def run():
+        out.extend(flat(lltm_sequence(*args)))
+        torch.autograd.backward(out, [torch.ones_like(o) for o in out])
+
+    with env(LLTM_OP_SEQUENCE_FUSED="0", LLTM_OP_SEQUENCE_STEP_SPLITS=splits), tf32_matmul(False):
+        calls = _bmm_calls(run)
+    assert calls == T * forward_split + (T - 1) * backward_split, calls
+    for name, o, r in zip(("outputs", "h_n", "c_n"), out, ref):
+        assert rel_err(o.detach().cpu(), r) <= LIMITS[torch.float32], name
+    for name, a, r in zip(("input", "weights", "bias", "old_h", "old_cell"), args, ref_args):
+        assert rel_err(a.grad.cpu(), r.grad) <= LIMITS[torch.float32], f"grad of {name}"
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize(("T", "forward_split"), [(180, True), (64, False)])
+def test_cuda_full_float32_step_products_split_by_the_rule(T, forward_split):
+    """The rule's parts of k at B64 S1024 in full float32 (the cuBLAS path):
+    8 parts forward where their partials fit the call's workspace bound (T
+    x B x S x 4 / 8 bytes: T180, not T64) and 8 backward at both. Outputs
+    and gradients are within twice the error of one aten::mm a step
+    (LLTM_OP_SEQUENCE_STEP_SPLITS=1) against float64 (on the GPU: this many
+    steps of S1024 would take minutes on the CPU), or float32's limit."""
+    need("cuda")
+    B, F, S = 64, 32, 1024
+    inputs = make_args(T, B, F, S, dtype=torch.float32, device="cuda", generator=torch.Generator().manual_seed(17))
+    ref_args = [t.detach().double().requires_grad_() for t in inputs]
+    ref = flat(reference(*ref_args))
+    torch.autograd.backward(ref, [torch.ones_like(r) for r in ref])
+    ref = [r.detach() for r in ref] + [a.grad for a in ref_args]
+    errors, calls = {}, {}
+    for splits in ("", "1"):
+        args = [t.detach().clone().requires_grad_() for t in inputs]
+        out = []
+
+        def run(args=args, out=out):
+            out.extend(flat(lltm_sequence(*args)))
+            torch.autograd.backward(out, [torch.ones_like(o) for o in out])
+
+        with env(LLTM_OP_SEQUENCE_STEP_SPLITS=splits), tf32_matmul(False):
+            calls[splits] = _bmm_calls(run)
+        got = [o.detach() for o in out] + [a.grad for a in args]
+        errors[splits] = [rel_err(g.double(), r) for g, r in zip(got, ref)]
+    assert calls == {"": T * forward_split + T - 1, "1": 0}, calls
+    names = ("outputs", "h_n", "c_n", "d_input", "d_weights", "d_bias", "d_old_h", "d_old_cell")
+    for name, split, one in zip(names, errors[""], errors["1"]):
+        assert split <= max(2 * one, LIMITS[torch.float32]), (name, split, one)
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cuda_cublas_path_cell_kernels_launched_early_match_plain_launches(dtype):
