@@ -1603,6 +1603,36 @@ def _mm_calls(fn) -> tuple[int, list[str]]:
     return sum(1 for e in events if e.name == "aten::mm"), _kernel_names(events)
 
 
+# What _ones_backward and _float64_results return, in order.
+RESULT_NAMES = ("outputs", "h_n", "c_n") + tuple(
+    f"grad of {n}" for n in ("input", "weights", "bias", "old_h", "old_cell")
+)
+
+
+def _ones_backward(inputs) -> tuple:
+    """A forward+backward of lltm_sequence on copies of `inputs`, gradients
+    of ones into every output, as a function of no arguments (to run under
+    a profiler or settings), and the list it fills: outputs, h_n, c_n and
+    the five gradients (RESULT_NAMES)."""
+    args = [t.detach().clone().requires_grad_() for t in inputs]
+    results = []
+
+    def run():
+        out = flat(lltm_sequence(*args))
+        torch.autograd.backward(out, [torch.ones_like(o) for o in out])
+        results.extend([o.detach() for o in out] + [a.grad for a in args])
+
+    return run, results
+
+
+def _float64_results(inputs, device: str = "cpu") -> list[torch.Tensor]:
+    """The loop of cells in float64 on `device`, as _ones_backward's list."""
+    args = [t.detach().to(device, torch.float64).requires_grad_() for t in inputs]
+    ref = flat(reference(*args))
+    torch.autograd.backward(ref, [torch.ones_like(r) for r in ref])
+    return [r.detach() for r in ref] + [a.grad for a in args]
+
+
 @pytest.mark.cuda
 @TENSOR_CORE_PRECISIONS
 def test_cuda_cublas_path_runs_its_forward_products_in_cublaslt(dtype, tf32):
@@ -1618,24 +1648,14 @@ def test_cuda_cublas_path_runs_its_forward_products_in_cublaslt(dtype, tf32):
     calls, named = {}, {}
     for lt in ("1", "0"):
         for T in (4, 10):
-            args = [t.requires_grad_() for t in make_args(T, B, F, S, dtype=dtype, device="cuda", generator=gen)]
-            ref_args = [t.detach().double().cpu().requires_grad_() for t in args]
-            out = []
-
-            def run(args=args, out=out):
-                out.extend(flat(lltm_sequence(*args)))
-                torch.autograd.backward(out, [torch.ones_like(o) for o in out])
-
+            inputs = make_args(T, B, F, S, dtype=dtype, device="cuda", generator=gen)
+            run, got = _ones_backward(inputs)
             chunks = dict(LLTM_OP_SEQUENCE_CHUNKS="2")  # the same chunk products at both T
             with env(LLTM_OP_SEQUENCE_FUSED="0", LLTM_OP_SEQUENCE_CUBLASLT=lt, **chunks), tf32_matmul(tf32):
                 calls[lt, T], named[lt, T] = _mm_calls(run)
-            ref = flat(reference(*ref_args))
-            torch.autograd.backward(ref, [torch.ones_like(r) for r in ref])
             limit = TF32_LIMIT if tf32 else LIMITS[dtype]
-            for name, o, r in zip(("outputs", "h_n", "c_n"), out, ref):
-                assert rel_err(o.detach().cpu(), r) <= limit, (lt, T, name)
-            for name, a, r in zip(("input", "weights", "bias", "old_h", "old_cell"), args, ref_args):
-                assert rel_err(a.grad.cpu(), r.grad) <= limit, (lt, T, f"grad of {name}")
+            for name, g, r in zip(RESULT_NAMES, got, _float64_results(inputs)):
+                assert rel_err(g.cpu(), r) <= limit, (lt, T, name)
     cublaslt = dtype != torch.float32 or tf32
     assert calls["1", 10] - calls["1", 4] == (6 if cublaslt else 12), calls
     assert calls["0", 10] - calls["0", 4] == 12, calls
@@ -1648,24 +1668,14 @@ def _chunk_product_calls(inputs, tf32: bool, limit: float) -> tuple[dict, dict]:
     keyed by LLTM_OP_SEQUENCE_CUBLASLT_CHUNKS ("1": the chunk products
     through cuBLASLt where it takes them, "0": all through aten::mm);
     values and gradients checked against float64 both ways."""
-    ref_args = [t.detach().double().cpu().requires_grad_() for t in inputs]
-    ref = flat(reference(*ref_args))
-    torch.autograd.backward(ref, [torch.ones_like(r) for r in ref])
+    ref = _float64_results(inputs)
     calls, named = {}, {}
     for chunks in ("1", "0"):
-        args = [t.detach().clone().requires_grad_() for t in inputs]
-        out = []
-
-        def run(args=args, out=out):
-            out.extend(flat(lltm_sequence(*args)))
-            torch.autograd.backward(out, [torch.ones_like(o) for o in out])
-
+        run, got = _ones_backward(inputs)
         with env(LLTM_OP_SEQUENCE_CUBLASLT_CHUNKS=chunks, LLTM_OP_SEQUENCE_CHUNKS="2"), tf32_matmul(tf32):
             calls[chunks], named[chunks] = _mm_calls(run)
-        for name, o, r in zip(("outputs", "h_n", "c_n"), out, ref):
-            assert rel_err(o.detach().cpu(), r) <= limit, (chunks, name)
-        for name, a, r in zip(("input", "weights", "bias", "old_h", "old_cell"), args, ref_args):
-            assert rel_err(a.grad.cpu(), r.grad) <= limit, (chunks, f"grad of {name}")
+        for name, g, r in zip(RESULT_NAMES, got, ref):
+            assert rel_err(g.cpu(), r) <= limit, (chunks, name)
     return calls, named
 
 
@@ -1726,23 +1736,12 @@ def test_cuda_full_float32_step_products_in_parts_of_k_match_float64(S, splits, 
     need("cuda")
     T, B, F = 5, 37, 20
     inputs = make_args(T, B, F, S, dtype=torch.float32, device="cuda", generator=torch.Generator().manual_seed(13))
-    ref_args = [t.detach().double().cpu().requires_grad_() for t in inputs]
-    ref = flat(reference(*ref_args))
-    torch.autograd.backward(ref, [torch.ones_like(r) for r in ref])
-    args = [t.detach().clone().requires_grad_() for t in inputs]
-    out = []
-
-    def run():
-        out.extend(flat(lltm_sequence(*args)))
-        torch.autograd.backward(out, [torch.ones_like(o) for o in out])
-
+    run, got = _ones_backward(inputs)
     with env(LLTM_OP_SEQUENCE_FUSED="0", LLTM_OP_SEQUENCE_STEP_SPLITS=splits), tf32_matmul(False):
         calls = _bmm_calls(run)
     assert calls == T * forward_split + (T - 1) * backward_split, calls
-    for name, o, r in zip(("outputs", "h_n", "c_n"), out, ref):
-        assert rel_err(o.detach().cpu(), r) <= LIMITS[torch.float32], name
-    for name, a, r in zip(("input", "weights", "bias", "old_h", "old_cell"), args, ref_args):
-        assert rel_err(a.grad.cpu(), r.grad) <= LIMITS[torch.float32], f"grad of {name}"
+    for name, g, r in zip(RESULT_NAMES, got, _float64_results(inputs)):
+        assert rel_err(g.cpu(), r) <= LIMITS[torch.float32], name
 
 
 @pytest.mark.cuda
@@ -1757,26 +1756,15 @@ def test_cuda_full_float32_step_products_split_by_the_rule(T, forward_split):
     need("cuda")
     B, F, S = 64, 32, 1024
     inputs = make_args(T, B, F, S, dtype=torch.float32, device="cuda", generator=torch.Generator().manual_seed(17))
-    ref_args = [t.detach().double().requires_grad_() for t in inputs]
-    ref = flat(reference(*ref_args))
-    torch.autograd.backward(ref, [torch.ones_like(r) for r in ref])
-    ref = [r.detach() for r in ref] + [a.grad for a in ref_args]
+    ref = _float64_results(inputs, "cuda")
     errors, calls = {}, {}
     for splits in ("", "1"):
-        args = [t.detach().clone().requires_grad_() for t in inputs]
-        out = []
-
-        def run(args=args, out=out):
-            out.extend(flat(lltm_sequence(*args)))
-            torch.autograd.backward(out, [torch.ones_like(o) for o in out])
-
+        run, got = _ones_backward(inputs)
         with env(LLTM_OP_SEQUENCE_STEP_SPLITS=splits), tf32_matmul(False):
             calls[splits] = _bmm_calls(run)
-        got = [o.detach() for o in out] + [a.grad for a in args]
-        errors[splits] = [rel_err(g.double(), r) for g, r in zip(got, ref)]
+        errors[splits] = [rel_err(g, r) for g, r in zip(got, ref)]
     assert calls == {"": T * forward_split + T - 1, "1": 0}, calls
-    names = ("outputs", "h_n", "c_n", "d_input", "d_weights", "d_bias", "d_old_h", "d_old_cell")
-    for name, split, one in zip(names, errors[""], errors["1"]):
+    for name, split, one in zip(RESULT_NAMES, errors[""], errors["1"]):
         assert split <= max(2 * one, LIMITS[torch.float32]), (name, split, one)
 
 
