@@ -184,7 +184,7 @@ struct CpuDev {
                       ProductWorkspace&) {
     return false;  // aten::mm
   }
-  static int64_t step_splits(const Tensor&, int64_t, int64_t, int64_t, bool, int64_t) {
+  static int64_t step_splits(const Tensor&, int64_t, int64_t, int64_t, int64_t) {
     return 1;  // one aten::mm; forward_step_as / backward_step_as read one product
   }
   static bool backward_steps(const Tensor&, const BackwardSteps&) { return false; }

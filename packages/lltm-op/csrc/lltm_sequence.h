@@ -246,43 +246,43 @@ inline Tensor view_of(const Tensor& base, std::vector<int64_t> sizes, std::vecto
   return Tensor(handle);
 }
 
+// out = name.out(a, b) through torch's dispatcher (aten::mm, aten::bmm);
+// false where it failed (torch printed why).
+inline bool dispatch_out(const char* name, const Tensor& a, const Tensor& b, Tensor& out) {
+  std::array<StableIValue, 3> stack{torch::stable::detail::from(a), torch::stable::detail::from(b),
+                                    torch::stable::detail::from(out)};
+  if (torch_call_dispatcher(name, "out", stack.data(), TORCH_ABI_VERSION) != AOTI_TORCH_SUCCESS)
+    return false;
+  // The returned `out` is a new handle to the same tensor: release it.
+  (void)torch::stable::detail::to<Tensor>(stack[0]);
+  return true;
+}
+
 // out = a @ b through torch's dispatcher (cuBLAS on CUDA, torch's BLAS on the
 // CPU; any strides). out must have the right shape already.
 inline void mm_out(const char* op, Tensor& out, const Tensor& a, const Tensor& b) {
-  std::array<StableIValue, 3> stack{torch::stable::detail::from(a), torch::stable::detail::from(b),
-                                    torch::stable::detail::from(out)};
-  const auto err = torch_call_dispatcher("aten::mm", "out", stack.data(), TORCH_ABI_VERSION);
-  OPSCOMMON_CHECK(err == AOTI_TORCH_SUCCESS, op, ": the matrix product ", opscommon::shape_str(a),
-                  " @ ", opscommon::shape_str(b), " (aten::mm) failed on ",
+  OPSCOMMON_CHECK(dispatch_out("aten::mm", a, b, out), op, ": the matrix product ",
+                  opscommon::shape_str(a), " @ ", opscommon::shape_str(b), " (aten::mm) failed on ",
                   opscommon::device_str(a),
                   "; torch printed its reason above (out of memory, or arguments that require "
                   "grad: call the op below autograd)");
-  // The returned `out` is a new handle to the same tensor: release it.
-  (void)torch::stable::detail::to<Tensor>(stack[0]);
 }
 
-// A step's recurrent product split over k, one partial product a split:
-// parts[z] = a[:, z Kc : (z + 1) Kc] @ b[z Kc : (z + 1) Kc, :] for z <
-// splits (Kc = K / splits), through aten::bmm on strided views of a ([M, K],
-// row stride lda, unit column stride) and b ([K, N], strides sb0, sb1);
-// parts: [splits, M, N] rows of a [splits, rows, N] buffer (split stride
-// rows * N). The device's cell kernel adds the partials up.
-inline void split_product(const char* op, Tensor& parts, int64_t rows, const Tensor& a_base,
-                          int64_t a_off, int64_t lda, const Tensor& b_base, int64_t b_off,
-                          int64_t sb0, int64_t sb1, int64_t M, int64_t N, int64_t K,
+// A step's recurrent product a @ b (a: [M, K], b: [K, N], any strides) in
+// `splits` parts of k: parts[z] = a[:, z Kc : (z + 1) Kc] @ b[z Kc : (z + 1)
+// Kc, :] (Kc = K / splits) in the first M rows of part z of `parts`
+// ([splits, rows, N], contiguous), one aten::bmm over strided views of a
+// and b (no copies). The device's cell kernel adds the partials up.
+inline void split_product(const char* op, Tensor& parts, const Tensor& a, const Tensor& b,
                           int64_t splits) {
-  const int64_t kc = K / splits;
-  const Tensor a = view_of(a_base, {splits, M, kc}, {kc, lda, 1}, a_off);
-  const Tensor b = view_of(b_base, {splits, kc, N}, {kc * sb0, sb0, sb1}, b_off);
-  Tensor out = view_of(parts, {splits, M, N}, {rows * N, N, 1});
-  std::array<StableIValue, 3> stack{torch::stable::detail::from(a), torch::stable::detail::from(b),
-                                    torch::stable::detail::from(out)};
-  const auto err = torch_call_dispatcher("aten::bmm", "out", stack.data(), TORCH_ABI_VERSION);
-  OPSCOMMON_CHECK(err == AOTI_TORCH_SUCCESS, op, ": a step's recurrent product in ", splits,
-                  " parts of k (", opscommon::shape_str(a), " @ ", opscommon::shape_str(b),
-                  ", aten::bmm) failed on ", opscommon::device_str(a_base),
+  const int64_t M = a.size(0), kc = a.size(1) / splits, N = b.size(1);
+  const Tensor a3 = view_of(a, {splits, M, kc}, {kc * a.stride(1), a.stride(0), a.stride(1)});
+  const Tensor b3 = view_of(b, {splits, kc, N}, {kc * b.stride(0), b.stride(0), b.stride(1)});
+  Tensor out = view_of(parts, {splits, M, N}, {parts.stride(0), N, 1});
+  OPSCOMMON_CHECK(dispatch_out("aten::bmm", a3, b3, out), op, ": a step's recurrent product in ",
+                  splits, " parts of k (", opscommon::shape_str(a3), " @ ",
+                  opscommon::shape_str(b3), ", aten::bmm) failed on ", opscommon::device_str(a),
                   "; torch printed its reason above");
-  (void)torch::stable::detail::to<Tensor>(stack[0]);
 }
 
 // A contiguous tensor equal to t (t itself when it already is one).
@@ -434,7 +434,7 @@ struct BackwardSteps {
 //       its gates (workspace: the call's scratch, which the device may
 //       allocate or grow up to its bound), or return false for aten::mm;
 //   static int64_t step_splits(const Tensor& like, int64_t M, int64_t N,
-//       int64_t K, bool tf32, int64_t bound): in how many parts of k a
+//       int64_t K, int64_t bound): in how many parts of k a
 //       step's recurrent product (M x K @ K x N) runs on the cuBLAS path
 //       (split_product; its cell kernels add the parts), with at most
 //       `bound` bytes of partials past the one product; 1: one aten::mm;
@@ -622,9 +622,8 @@ ForwardResult sequence_forward(const Tensor& input_arg, const Tensor& weights_ar
   std::optional<Tensor> rec;
   ChunkProducts<Dev> products{op, like, tf32,
                               product_workspace(d, static_cast<int64_t>(like.element_size()))};
-  const int64_t splits = step_fused || rows.packed()
-                             ? 1
-                             : Dev::step_splits(like, B, S3, S, tf32, products.workspace.bound);
+  const int64_t splits =
+      step_fused || rows.packed() ? 1 : Dev::step_splits(like, B, S3, S, products.workspace.bound);
   for (int64_t t0 = 0; t0 < T && rows.at(t0) > 0; t0 += K) {
     const int64_t t1 = std::min(T, t0 + K), steps = t1 - t0;
     // Chunk slots: step t's gates and cell state at slot t - t0.
@@ -682,6 +681,10 @@ ForwardResult sequence_forward(const Tensor& input_arg, const Tensor& weights_ar
       s.c_n = t == T - 1 && !rows.packed() ? r.c_n.mutable_data_ptr() : nullptr;
       s.rec = nullptr;
       s.w_hT = nullptr;
+      auto h_prev_view = [&] {  // [n, S], for the products through torch
+        return t ? view_of(r.outputs, {n, S}, {S, 1}, (t - 1) * B * S)
+                 : view_of(old_h, {n, S}, {S, 1});
+      };
       if (step_fused) {
         s.w_hT = w_hT_ptr();
       } else if (!rows.packed() &&
@@ -691,18 +694,14 @@ ForwardResult sequence_forward(const Tensor& input_arg, const Tensor& weights_ar
         s.product_in_gates = true;  // the cell adds the bias
       } else if (splits > 1) {
         if (!rec) rec = alloc(op, "a step's recurrent product", like, {splits, B, S3});
-        const Tensor& h_base = t ? r.outputs : old_h;
-        split_product(op, *rec, B, h_base, t ? (t - 1) * B * S : 0, S, weights, 0, 1, L, n, S3, S,
-                      splits);
+        split_product(op, *rec, h_prev_view(), w_hT_view, splits);
         s.rec = rec->const_data_ptr();
         s.rec_splits = splits;
         s.rec_stride = B * S3;
       } else {
-        const Tensor h_prev = t ? view_of(r.outputs, {n, S}, {S, 1}, (t - 1) * B * S)
-                                : view_of(old_h, {n, S}, {S, 1});
         if (!rec) rec = alloc(op, "a step's recurrent product", like, {B, S3});
         Tensor rec_n = view_of(*rec, {n, S3}, {S3, 1});
-        mm_out(op, rec_n, h_prev, w_hT_view);
+        mm_out(op, rec_n, h_prev_view(), w_hT_view);
         s.rec = rec->const_data_ptr();
       }
       Dev::forward_step(like, s);
@@ -782,9 +781,8 @@ BackwardResult sequence_backward(const std::optional<Tensor>& grad_outputs_arg,
   ChunkProducts<Dev> products{op, like, tf32,
                               product_workspace(d, static_cast<int64_t>(like.element_size()))};
   // The steps' products dG_{t+1} W_h in parts of k (split_product), or one.
-  const int64_t splits = step_fused || rows.packed()
-                             ? 1
-                             : Dev::step_splits(like, B, S, S3, tf32, products.workspace.bound);
+  const int64_t splits =
+      step_fused || rows.packed() ? 1 : Dev::step_splits(like, B, S, S3, products.workspace.bound);
   std::optional<Tensor> dh;
   if (!step_fused) {
     dh = splits > 1 ? alloc(op, "a step's recurrent gradient", like, {splits, B, S})
@@ -884,7 +882,7 @@ BackwardResult sequence_backward(const std::optional<Tensor>& grad_outputs_arg,
           s.w_h = weights.const_data_ptr();
           s.w_ld = L;
         } else if (splits > 1) {
-          split_product(op, *dh, B, dG, next_slot * B * S3, S3, weights, 0, L, 1, B, S, S3, splits);
+          split_product(op, *dh, slot_view(next_slot, 1), w_h, splits);
           s.rec = dh->const_data_ptr();
           s.rec_splits = splits;
           s.rec_stride = B * S;

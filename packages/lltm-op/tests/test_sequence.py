@@ -1596,11 +1596,11 @@ def _uses_tf32_kernels(names: list[str]) -> bool:
     return any("tf32" in n or "s1688" in n for n in names)
 
 
-def _mm_calls(fn) -> tuple[int, list[str]]:
-    """aten::mm calls through torch's dispatcher in fn (the op's own
-    included), and the CUDA kernels it ran."""
+def _op_calls(fn, name: str = "aten::mm") -> tuple[int, list[str]]:
+    """Calls of the op `name` through torch's dispatcher in fn (the op's own
+    included), and the CUDA kernels fn ran."""
     events = _profiled_events(fn, cpu=True)
-    return sum(1 for e in events if e.name == "aten::mm"), _kernel_names(events)
+    return sum(1 for e in events if e.name == name), _kernel_names(events)
 
 
 # What _ones_backward and _float64_results return, in order.
@@ -1652,7 +1652,7 @@ def test_cuda_cublas_path_runs_its_forward_products_in_cublaslt(dtype, tf32):
             run, got = _ones_backward(inputs)
             chunks = dict(LLTM_OP_SEQUENCE_CHUNKS="2")  # the same chunk products at both T
             with env(LLTM_OP_SEQUENCE_FUSED="0", LLTM_OP_SEQUENCE_CUBLASLT=lt, **chunks), tf32_matmul(tf32):
-                calls[lt, T], named[lt, T] = _mm_calls(run)
+                calls[lt, T], named[lt, T] = _op_calls(run)
             limit = TF32_LIMIT if tf32 else LIMITS[dtype]
             for name, g, r in zip(RESULT_NAMES, got, _float64_results(inputs)):
                 assert rel_err(g.cpu(), r) <= limit, (lt, T, name)
@@ -1673,7 +1673,7 @@ def _chunk_product_calls(inputs, tf32: bool, limit: float) -> tuple[dict, dict]:
     for chunks in ("1", "0"):
         run, got = _ones_backward(inputs)
         with env(LLTM_OP_SEQUENCE_CUBLASLT_CHUNKS=chunks, LLTM_OP_SEQUENCE_CHUNKS="2"), tf32_matmul(tf32):
-            calls[chunks], named[chunks] = _mm_calls(run)
+            calls[chunks], named[chunks] = _op_calls(run)
         for name, g, r in zip(RESULT_NAMES, got, ref):
             assert rel_err(g.cpu(), r) <= limit, (chunks, name)
     return calls, named
@@ -1717,11 +1717,6 @@ def test_cuda_full_float32_long_weight_gradients_stay_with_aten_mm():
     assert not any(_uses_tf32_kernels(names) for names in named.values()), named
 
 
-def _bmm_calls(fn) -> int:
-    """aten::bmm calls through torch's dispatcher in fn."""
-    return sum(1 for e in _profiled_events(fn, cpu=True) if e.name == "aten::bmm")
-
-
 @pytest.mark.cuda
 @pytest.mark.parametrize(
     ("S", "splits", "forward_split", "backward_split"),
@@ -1738,19 +1733,20 @@ def test_cuda_full_float32_step_products_in_parts_of_k_match_float64(S, splits, 
     inputs = make_args(T, B, F, S, dtype=torch.float32, device="cuda", generator=torch.Generator().manual_seed(13))
     run, got = _ones_backward(inputs)
     with env(LLTM_OP_SEQUENCE_FUSED="0", LLTM_OP_SEQUENCE_STEP_SPLITS=splits), tf32_matmul(False):
-        calls = _bmm_calls(run)
+        calls, _ = _op_calls(run, "aten::bmm")
     assert calls == T * forward_split + (T - 1) * backward_split, calls
     for name, g, r in zip(RESULT_NAMES, got, _float64_results(inputs)):
         assert rel_err(g.cpu(), r) <= LIMITS[torch.float32], name
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize(("T", "forward_split"), [(180, True), (64, False)])
-def test_cuda_full_float32_step_products_split_by_the_rule(T, forward_split):
-    """The rule's parts of k at B64 S1024 in full float32 (the cuBLAS path):
-    8 parts forward where their partials fit the call's workspace bound (T
-    x B x S x 4 / 8 bytes: T180, not T64) and 8 backward at both. Outputs
-    and gradients are within twice the error of one aten::mm a step
+@pytest.mark.parametrize(("T", "tf32", "forward_split"), [(180, False, True), (64, False, False), (64, True, False)])
+def test_cuda_float32_step_products_split_by_the_rule(T, tf32, forward_split):
+    """The rule's parts of k at B64 S1024 in float32 on the cuBLAS path: in
+    full float32 8 parts forward where their partials fit the call's
+    workspace bound (T x B x S x 4 / 8 bytes: T180, not T64), none on TF32
+    (the forward's product goes to cuBLASLt), and 8 backward either way.
+    Outputs and gradients are within twice the error of one product a step
     (LLTM_OP_SEQUENCE_STEP_SPLITS=1) against float64 (on the GPU: this many
     steps of S1024 would take minutes on the CPU), or float32's limit."""
     need("cuda")
@@ -1760,12 +1756,13 @@ def test_cuda_full_float32_step_products_split_by_the_rule(T, forward_split):
     errors, calls = {}, {}
     for splits in ("", "1"):
         run, got = _ones_backward(inputs)
-        with env(LLTM_OP_SEQUENCE_STEP_SPLITS=splits), tf32_matmul(False):
-            calls[splits] = _bmm_calls(run)
+        with env(LLTM_OP_SEQUENCE_FUSED="0", LLTM_OP_SEQUENCE_STEP_SPLITS=splits), tf32_matmul(tf32):
+            calls[splits], _ = _op_calls(run, "aten::bmm")
         errors[splits] = [rel_err(g, r) for g, r in zip(got, ref)]
     assert calls == {"": T * forward_split + T - 1, "1": 0}, calls
+    limit = TF32_LIMIT if tf32 else LIMITS[torch.float32]
     for name, split, one in zip(RESULT_NAMES, errors[""], errors["1"]):
-        assert split <= max(2 * one, LIMITS[torch.float32]), (name, split, one)
+        assert split <= max(2 * one, limit), (name, split, one)
 
 
 @pytest.mark.cuda
