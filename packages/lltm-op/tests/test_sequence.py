@@ -1748,7 +1748,7 @@ def test_cuda_float32_step_products_split_by_the_rule(T, tf32, forward_split):
     (the forward's product goes to cuBLASLt), and 8 backward either way.
     Outputs and gradients are within twice the error of one product a step
     (LLTM_OP_SEQUENCE_STEP_SPLITS=1) against float64 (on the GPU: this many
-    steps of S1024 would take minutes on the CPU), or float32's limit."""
+    steps of S1024 would take minutes on the CPU), or the precision's limit."""
     need("cuda")
     B, F, S = 64, 32, 1024
     inputs = make_args(T, B, F, S, dtype=torch.float32, device="cuda", generator=torch.Generator().manual_seed(17))
