@@ -187,6 +187,9 @@ struct CpuDev {
   static int64_t step_splits(const Tensor&, int64_t, int64_t, int64_t, int64_t) {
     return 1;  // one aten::mm; forward_step_as / backward_step_as read one product
   }
+  static bool parts_product(const Tensor&, const PartsProduct&, ProductWorkspace&) {
+    return false;  // never reached: no parts (step_splits)
+  }
   static bool backward_steps(const Tensor&, const BackwardSteps&) { return false; }
 
   static void forward_step(const Tensor& like, const ForwardStep& s) {

@@ -349,6 +349,24 @@ struct StepProduct {
   bool tf32;
 };
 
+// A step's recurrent product in `splits` parts of k for the device to run
+// itself (Dev::parts_product), as split_product: part z, the first M rows
+// (row stride N) of `parts` + z * part_stride, = a[:, z Kc : (z + 1) Kc] @
+// b[z Kc : (z + 1) Kc, :] (Kc = K / splits), a [M, K] and b [K, N] with the
+// strides given (elements).
+struct Strided {  // a matrix in memory: its first element, row and column strides
+  const void* data;
+  int64_t row, col;
+};
+struct PartsProduct {
+  const char* op;  // for errors
+  int64_t splits, M, N, K;
+  Strided a, b;
+  void* parts;
+  int64_t part_stride;
+  bool tf32;
+};
+
 // One backward step. dh = grad_out + rec (+ extra); any of the three may be
 // null (zero). rec: [B, S] = dG_{t+1} W_h, or null when the device computes
 // it from dG_next ([B, 3S]) and w_h ([3S, S] rows of stride ld). dc_in:
@@ -438,6 +456,9 @@ struct BackwardSteps {
 //       step's recurrent product (M x K @ K x N) runs on the cuBLAS path
 //       (split_product; its cell kernels add the parts), with at most
 //       `bound` bytes of partials past the one product; 1: one aten::mm;
+//   static bool parts_product(const Tensor& like, const PartsProduct&,
+//       ProductWorkspace& workspace): run those parts itself, or return
+//       false for aten::bmm (split_product);
 //   static bool product(const Tensor& like, const char* op, Tensor& out,
 //       const Tensor& a, const Tensor& b, bool accumulate, bool tf32,
 //       ProductWorkspace& workspace): a chunk's large product, out = a @ b
@@ -694,7 +715,13 @@ ForwardResult sequence_forward(const Tensor& input_arg, const Tensor& weights_ar
         s.product_in_gates = true;  // the cell adds the bias
       } else if (splits > 1) {
         if (!rec) rec = alloc(op, "a step's recurrent product", like, {splits, B, S3});
-        split_product(op, *rec, h_prev_view(), w_hT_view, splits);
+        // h_{t-1} [n, S] @ W_h^T [S, 3S] (W_h's rows of stride L).
+        const Strided h{s.h_prev, S, 1}, w_hT{weights.const_data_ptr(), 1, L};
+        const PartsProduct parts{op,     splits, n, S3, S, h, w_hT, rec->mutable_data_ptr(),
+                                 B * S3, tf32};
+        if (!Dev::parts_product(like, parts, products.workspace)) {
+          split_product(op, *rec, h_prev_view(), w_hT_view, splits);
+        }
         s.rec = rec->const_data_ptr();
         s.rec_splits = splits;
         s.rec_stride = B * S3;
@@ -882,7 +909,13 @@ BackwardResult sequence_backward(const std::optional<Tensor>& grad_outputs_arg,
           s.w_h = weights.const_data_ptr();
           s.w_ld = L;
         } else if (splits > 1) {
-          split_product(op, *dh, slot_view(next_slot, 1), w_h, splits);
+          // dG_{t+1} [B, 3S] @ W_h [3S, S].
+          const Strided dG_next{slot(next_slot), S3, 1}, w{weights.const_data_ptr(), L, 1};
+          const PartsProduct parts{op,    splits, B, S, S3, dG_next, w, dh->mutable_data_ptr(),
+                                   B * S, tf32};
+          if (!Dev::parts_product(like, parts, products.workspace)) {
+            split_product(op, *dh, slot_view(next_slot, 1), w_h, splits);
+          }
           s.rec = dh->const_data_ptr();
           s.rec_splits = splits;
           s.rec_stride = B * S;

@@ -38,6 +38,8 @@ constexpr int kCompute32F = 68, kCompute32FFastTf32 = 77;
 constexpr int32_t kOpN = 0, kOpT = 1;
 // cublasLtMatmulDescAttributes_t.
 constexpr int kDescTransA = 3, kDescTransB = 4;
+// cublasLtMatrixLayoutAttribute_t.
+constexpr int kLayoutBatchCount = 5, kLayoutBatchStride = 6;
 // cublasLtMatmulPreferenceAttributes_t.
 constexpr int kPrefMaxWorkspace = 1, kPrefAlignA = 5, kPrefAlignB = 6, kPrefAlignC = 7,
               kPrefAlignD = 8;
@@ -61,6 +63,7 @@ struct Api {
   int (*desc_set)(void*, int, const void*, size_t);
   int (*layout_create)(void**, int, uint64_t, uint64_t, int64_t);
   int (*layout_destroy)(void*);
+  int (*layout_set)(void*, int, const void*, size_t);
   int (*pref_create)(void**);
   int (*pref_destroy)(void*);
   int (*pref_set)(void*, int, const void*, size_t);
@@ -87,6 +90,7 @@ inline const Api* api() {
     get(a.desc_set, "cublasLtMatmulDescSetAttribute");
     get(a.layout_create, "cublasLtMatrixLayoutCreate");
     get(a.layout_destroy, "cublasLtMatrixLayoutDestroy");
+    get(a.layout_set, "cublasLtMatrixLayoutSetAttribute");
     get(a.pref_create, "cublasLtMatmulPreferenceCreate");
     get(a.pref_destroy, "cublasLtMatmulPreferenceDestroy");
     get(a.pref_set, "cublasLtMatmulPreferenceSetAttribute");
@@ -131,17 +135,23 @@ inline uint32_t alignment(const void* p) {
 
 // out (column-major m x n, ld ldc) (+)= op(A) op(B), column-major: A is
 // k x m (ld lda) where transa is kOpT, else m x k; B is n x k (ldb) where
-// transb is kOpT, else k x n. The step product is A^T B.
+// transb is kOpT, else k x n. The step product is A^T B. batch > 1: that
+// many such products, the i-th's matrices stride_a, stride_b and stride_c
+// elements past the first's.
 struct Shape {
   int dtype, compute;
   uint64_t m, n, k;
   int64_t lda, ldb, ldc;
   uint32_t align_a, align_b, align_c;
   int32_t transa = kOpT, transb = kOpN;
+  int32_t batch = 1;
+  int64_t stride_a = 0, stride_b = 0, stride_c = 0;
   bool operator==(const Shape& o) const {
     return dtype == o.dtype && compute == o.compute && m == o.m && n == o.n && k == o.k &&
            lda == o.lda && ldb == o.ldb && ldc == o.ldc && align_a == o.align_a &&
-           align_b == o.align_b && align_c == o.align_c && transa == o.transa && transb == o.transb;
+           align_b == o.align_b && align_c == o.align_c && transa == o.transa &&
+           transb == o.transb && batch == o.batch && stride_a == o.stride_a &&
+           stride_b == o.stride_b && stride_c == o.stride_c;
   }
 };
 
@@ -171,6 +181,13 @@ inline Plan make_plan(Handle h, const Shape& s, size_t max_workspace) {
   p.b = own(b, f.layout_destroy);
   if (f.layout_create(&c, s.dtype, s.m, s.n, s.ldc) != 0) return p;
   p.c = own(c, f.layout_destroy);
+  if (s.batch > 1) {
+    auto batched = [&](void* layout, int64_t stride) {
+      return f.layout_set(layout, kLayoutBatchCount, &s.batch, sizeof(s.batch)) == 0 &&
+             f.layout_set(layout, kLayoutBatchStride, &stride, sizeof(stride)) == 0;
+    };
+    if (!batched(a, s.stride_a) || !batched(b, s.stride_b) || !batched(c, s.stride_c)) return p;
+  }
   void* pref = nullptr;
   if (f.pref_create(&pref) != 0) return p;
   const std::shared_ptr<void> pref_owner = own(pref, f.pref_destroy);

@@ -6,6 +6,7 @@ export, CUDA graphs, memory and the module."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import math
 import os
@@ -1596,11 +1597,11 @@ def _uses_tf32_kernels(names: list[str]) -> bool:
     return any("tf32" in n or "s1688" in n for n in names)
 
 
-def _op_calls(fn, name: str = "aten::mm") -> tuple[int, list[str]]:
-    """Calls of the op `name` through torch's dispatcher in fn (the op's own
-    included), and the CUDA kernels fn ran."""
+def _op_calls(fn) -> tuple[collections.Counter, list[str]]:
+    """The calls through torch's dispatcher in fn (the op's own included),
+    counted by op name ("aten::mm"), and the CUDA kernels fn ran."""
     events = _profiled_events(fn, cpu=True)
-    return sum(1 for e in events if e.name == name), _kernel_names(events)
+    return collections.Counter(e.name for e in events), _kernel_names(events)
 
 
 # What _ones_backward and _float64_results return, in order.
@@ -1652,7 +1653,8 @@ def test_cuda_cublas_path_runs_its_forward_products_in_cublaslt(dtype, tf32):
             run, got = _ones_backward(inputs)
             chunks = dict(LLTM_OP_SEQUENCE_CHUNKS="2")  # the same chunk products at both T
             with env(LLTM_OP_SEQUENCE_FUSED="0", LLTM_OP_SEQUENCE_CUBLASLT=lt, **chunks), tf32_matmul(tf32):
-                calls[lt, T], named[lt, T] = _op_calls(run)
+                counts, named[lt, T] = _op_calls(run)
+            calls[lt, T] = counts["aten::mm"]
             limit = TF32_LIMIT if tf32 else LIMITS[dtype]
             for name, g, r in zip(RESULT_NAMES, got, _float64_results(inputs)):
                 assert rel_err(g.cpu(), r) <= limit, (lt, T, name)
@@ -1673,7 +1675,8 @@ def _chunk_product_calls(inputs, tf32: bool, limit: float) -> tuple[dict, dict]:
     for chunks in ("1", "0"):
         run, got = _ones_backward(inputs)
         with env(LLTM_OP_SEQUENCE_CUBLASLT_CHUNKS=chunks, LLTM_OP_SEQUENCE_CHUNKS="2"), tf32_matmul(tf32):
-            calls[chunks], named[chunks] = _op_calls(run)
+            counts, named[chunks] = _op_calls(run)
+        calls[chunks] = counts["aten::mm"]
         for name, g, r in zip(RESULT_NAMES, got, ref):
             assert rel_err(g.cpu(), r) <= limit, (chunks, name)
     return calls, named
@@ -1718,25 +1721,38 @@ def test_cuda_full_float32_long_weight_gradients_stay_with_aten_mm():
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("cublaslt", ["1", "0"])
 @pytest.mark.parametrize(
     ("S", "splits", "forward_split", "backward_split"),
     [(64, "4", True, True), (50, "3", False, True), (50, "2", True, True), (24, "72", False, True)],
 )
-def test_cuda_full_float32_step_products_in_parts_of_k_match_float64(S, splits, forward_split, backward_split):
+def test_cuda_full_float32_step_products_in_parts_of_k_match_float64(
+    S, splits, forward_split, backward_split, cublaslt
+):
     """Full float32's step products on the cuBLAS path in parts of k
-    (LLTM_OP_SEQUENCE_STEP_SPLITS=s: one aten::bmm of s partial products a
-    step, added up by the cell kernels) where s divides k (forward K = S,
-    backward 3S), one aten::mm otherwise: outputs and all five gradients
-    match float64 (B and S off every tile, a part of a single k)."""
+    (LLTM_OP_SEQUENCE_STEP_SPLITS=s) where s divides k (forward K = S,
+    backward 3S): one batched cublasLtMatmul of s partial products a step
+    (one aten::bmm with LLTM_OP_SEQUENCE_CUBLASLT=0), added up by the cell
+    kernels; one aten::mm a step otherwise. Counted against one product a
+    step (s = 1): the split steps leave aten::mm. Outputs and all five
+    gradients match float64 either way (B and S off every tile, a part of
+    a single k)."""
     need("cuda")
     T, B, F = 5, 37, 20
     inputs = make_args(T, B, F, S, dtype=torch.float32, device="cuda", generator=torch.Generator().manual_seed(13))
-    run, got = _ones_backward(inputs)
-    with env(LLTM_OP_SEQUENCE_FUSED="0", LLTM_OP_SEQUENCE_STEP_SPLITS=splits), tf32_matmul(False):
-        calls, _ = _op_calls(run, "aten::bmm")
-    assert calls == T * forward_split + (T - 1) * backward_split, calls
-    for name, g, r in zip(RESULT_NAMES, got, _float64_results(inputs)):
-        assert rel_err(g.cpu(), r) <= LIMITS[torch.float32], name
+    ref = _float64_results(inputs)
+    calls = {}
+    for parts in (splits, "1"):
+        run, got = _ones_backward(inputs)
+        settings = dict(LLTM_OP_SEQUENCE_STEP_SPLITS=parts, LLTM_OP_SEQUENCE_CUBLASLT=cublaslt)
+        with env(LLTM_OP_SEQUENCE_FUSED="0", **settings), tf32_matmul(False):
+            calls[parts], _ = _op_calls(run)
+        for name, g, r in zip(RESULT_NAMES, got, ref):
+            assert rel_err(g.cpu(), r) <= LIMITS[torch.float32], (parts, name)
+    split_steps = T * forward_split + (T - 1) * backward_split
+    assert calls["1"]["aten::mm"] - calls[splits]["aten::mm"] == split_steps, calls
+    assert calls[splits]["aten::bmm"] == (split_steps if cublaslt == "0" else 0), calls
+    assert calls["1"]["aten::bmm"] == 0, calls
 
 
 @pytest.mark.cuda
@@ -1745,10 +1761,12 @@ def test_cuda_float32_step_products_split_by_the_rule(T, tf32, forward_split):
     """The rule's parts of k at B64 S1024 in float32 on the cuBLAS path: in
     full float32 8 parts forward where their partials fit the call's
     workspace bound (T x B x S x 4 / 8 bytes: T180, not T64), none on TF32
-    (the forward's product goes to cuBLASLt), and 8 backward either way.
+    (the forward's product goes to cuBLASLt whole), and 8 backward either
+    way, each step's parts one batched cublasLtMatmul: against one product
+    a step (LLTM_OP_SEQUENCE_STEP_SPLITS=1) the split steps leave aten::mm.
     Outputs and gradients are within twice the error of one product a step
-    (LLTM_OP_SEQUENCE_STEP_SPLITS=1) against float64 (on the GPU: this many
-    steps of S1024 would take minutes on the CPU), or the precision's limit."""
+    against float64 (on the GPU: this many steps of S1024 would take
+    minutes on the CPU), or the precision's limit."""
     need("cuda")
     B, F, S = 64, 32, 1024
     inputs = make_args(T, B, F, S, dtype=torch.float32, device="cuda", generator=torch.Generator().manual_seed(17))
@@ -1757,9 +1775,10 @@ def test_cuda_float32_step_products_split_by_the_rule(T, tf32, forward_split):
     for splits in ("", "1"):
         run, got = _ones_backward(inputs)
         with env(LLTM_OP_SEQUENCE_FUSED="0", LLTM_OP_SEQUENCE_STEP_SPLITS=splits), tf32_matmul(tf32):
-            calls[splits], _ = _op_calls(run, "aten::bmm")
+            calls[splits], _ = _op_calls(run)
         errors[splits] = [rel_err(g, r) for g, r in zip(got, ref)]
-    assert calls == {"": T * forward_split + T - 1, "1": 0}, calls
+    assert calls["1"]["aten::mm"] - calls[""]["aten::mm"] == T * forward_split + T - 1, calls
+    assert calls[""]["aten::bmm"] == calls["1"]["aten::bmm"] == 0, calls
     limit = TF32_LIMIT if tf32 else LIMITS[torch.float32]
     for name, split, one in zip(RESULT_NAMES, errors[""], errors["1"]):
         assert split <= max(2 * one, limit), (name, split, one)
