@@ -272,7 +272,8 @@ inline void mm_out(const char* op, Tensor& out, const Tensor& a, const Tensor& b
 // `splits` parts of k: parts[z] = a[:, z Kc : (z + 1) Kc] @ b[z Kc : (z + 1)
 // Kc, :] (Kc = K / splits) in the first M rows of part z of `parts`
 // ([splits, rows, N], contiguous), one aten::bmm over strided views of a
-// and b (no copies). The device's cell kernel adds the partials up.
+// and b (no copies): where Dev::parts_product does not run them. The
+// device's cell kernel adds the partials up.
 inline void split_product(const char* op, Tensor& parts, const Tensor& a, const Tensor& b,
                           int64_t splits) {
   const int64_t M = a.size(0), kc = a.size(1) / splits, N = b.size(1);
@@ -807,7 +808,8 @@ BackwardResult sequence_backward(const std::optional<Tensor>& grad_outputs_arg,
   Tensor& dc = r.d_old_cell;  // running gradient of the cell state
   ChunkProducts<Dev> products{op, like, tf32,
                               product_workspace(d, static_cast<int64_t>(like.element_size()))};
-  // The steps' products dG_{t+1} W_h in parts of k (split_product), or one.
+  // The steps' products dG_{t+1} W_h in parts of k (Dev::parts_product, else
+  // split_product), or one.
   const int64_t splits =
       step_fused || rows.packed() ? 1 : Dev::step_splits(like, B, S, S3, products.workspace.bound);
   std::optional<Tensor> dh;

@@ -1999,24 +1999,24 @@ struct CudaDev {
     });
   }
 
-  // float32's step products on the cuBLAS path in parts of k
-  // (split_product: one aten::bmm of `splits` partial products, added up by
-  // the cell kernel). cuBLAS's float32 kernels tile these few-row products
-  // coarsely and finish a split-K with a reduction kernel of its own; the
-  // parts as a batch fill the GPU and leave the sum to the cell, which reads
-  // the product anyway. Measured (H100, GPU time a product, us, one aten::mm
-  // against the parts; CUDA graphs), full float32: forward B64 S1024 17.9
-  // against 14.7 (8 parts), B256 S512 17.5 / 14.6 (4), B256 S1024 49.5 /
-  // 45.5 (2); backward B64 S1024 19.9 / 14.0 (8), B256 S512 18.4 / 13.5 (8),
-  // B256 S1024 44.7 / 38.1 (8). Fewer parts than those were no faster than
-  // aten::mm or slower (forward B64 S1024 in 2 parts: 21.5), so the rule
-  // takes the most parts with at least 128 k each and at most
-  // kStepSplitBytes of partials, up to 8, and none where that many do not
-  // fit the call's workspace bound (the bytes past one product). On TF32
-  // the same rule: only the backward's products reach it (the forward's go
-  // to cuBLASLt, step_product), and at B256 S1024 (T64, profiler) its 8
-  // parts took 13.2 us a product against 13.8 plus 3.3 of cuBLASLt's
-  // split-K reduction. float16, bfloat16 and the fused paths have none.
+  // float32's step products on the cuBLAS path in parts of k (one batched
+  // product of `splits` partial products, added up by the cell kernel:
+  // parts_product below, else split_product's aten::bmm). cuBLAS's float32
+  // kernels tile these few-row products coarsely and finish a split-K with a
+  // reduction kernel of its own; the parts as a batch fill the GPU and leave
+  // the sum to the cell, which reads the product anyway. Measured (H100, GPU
+  // time a product, us, one aten::mm against the parts; CUDA graphs), full
+  // float32: forward B64 S1024 17.9 against 14.7 (8 parts), B256 S512 17.5 /
+  // 14.6 (4), B256 S1024 49.5 / 45.5 (2); backward B64 S1024 19.9 / 14.0 (8),
+  // B256 S512 18.4 / 13.5 (8), B256 S1024 44.7 / 38.1 (8). Fewer parts than
+  // those were no faster than aten::mm or slower (forward B64 S1024 in 2
+  // parts: 21.5), so the rule takes the most parts with at least 128 k each
+  // and at most kStepSplitBytes of partials, up to 8, and none where that many
+  // do not fit the call's workspace bound (the bytes past one product). On
+  // TF32 the same rule: only the backward's products reach it (the forward's
+  // go to cuBLASLt, step_product), and at B256 S1024 (T64, profiler) its 8
+  // parts took 13.2 us a product against 13.8 plus 3.3 of cuBLASLt's split-K
+  // reduction. float16, bfloat16 and the fused paths have none.
   // LLTM_OP_SEQUENCE_STEP_SPLITS=s asks for s parts wherever they divide k
   // (tests, benchmarks; 1: none).
   static int64_t step_splits(const Tensor& like, int64_t M, int64_t N, int64_t K, int64_t bound) {
@@ -2034,12 +2034,13 @@ struct CudaDev {
 
   // float32's step products in parts of k (see step_splits) as one batched
   // cublasLtMatmul, its algorithm chosen once per shape, instead of an
-  // aten::bmm over strided views: the parts made these steps' GPU time
-  // shorter than the host's (H100, full float32 T256 B256 S512 forward,
-  // GPU busy: 29.6 us of host time a step, 7.57 of the call's 7.79 ms);
-  // false (aten::bmm) where cuBLASLt is not loaded, LLTM_OP_SEQUENCE_CUBLASLT
-  // or LLTM_OP_SEQUENCE_CUBLASLT_PARTS (A/B) is 0, an operand has no unit
-  // stride or no algorithm fits.
+  // aten::bmm over strided views, whose host time was about what these
+  // steps' kernels take. Measured (H100, full float32): T256 B256 S512
+  // forward with the GPU busy, 19.8 against 29.6 us of host time a step;
+  // forward+backward, ms, T64 B64 S1024 5.76 against 6.19, T256 B256 S512
+  // 19.21 against 20.34. false (aten::bmm) where cuBLASLt is not loaded,
+  // LLTM_OP_SEQUENCE_CUBLASLT or LLTM_OP_SEQUENCE_CUBLASLT_PARTS (A/B) is
+  // 0, an operand has no unit stride or no algorithm fits.
   static bool parts_product(const Tensor& like, const PartsProduct& p,
                             ProductWorkspace& workspace) {
     namespace lt = cublaslt;
