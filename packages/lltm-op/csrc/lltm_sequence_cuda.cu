@@ -2034,13 +2034,13 @@ struct CudaDev {
 
   // float32's step products in parts of k (see step_splits) as one batched
   // cublasLtMatmul, its algorithm chosen once per shape, instead of an
-  // aten::bmm over strided views, whose host time was about what these
-  // steps' kernels take. Measured (H100, full float32): T256 B256 S512
-  // forward with the GPU busy, 19.8 against 29.6 us of host time a step;
-  // forward+backward, ms, T64 B64 S1024 5.76 against 6.19, T256 B256 S512
-  // 19.21 against 20.34. false (aten::bmm) where cuBLASLt is not loaded,
-  // LLTM_OP_SEQUENCE_CUBLASLT or LLTM_OP_SEQUENCE_CUBLASLT_PARTS (A/B) is
-  // 0, an operand has no unit stride or no algorithm fits.
+  // aten::bmm over strided views, whose host time set these steps' pace.
+  // Measured (H100, full float32): T256 B256 S512 forward with the GPU busy,
+  // 19.8 against 29.6 us of host time a step; forward+backward, ms, T64 B64
+  // S1024 5.76 against 6.19, T256 B256 S512 19.21 against 20.34. false
+  // (aten::bmm) where cuBLASLt is not loaded, LLTM_OP_SEQUENCE_CUBLASLT or
+  // LLTM_OP_SEQUENCE_CUBLASLT_PARTS (A/B) is 0, an operand has no unit stride
+  // or no algorithm fits.
   static bool parts_product(const Tensor& like, const PartsProduct& p,
                             ProductWorkspace& workspace) {
     namespace lt = cublaslt;
