@@ -66,6 +66,9 @@ struct Dims {
   // The caller allows TF32 tensor cores for float32 recurrent products
   // (torch's float32 matmul precision "high"; the op's allow_tf32).
   bool tf32 = false;
+  // Nothing is kept for a backward (sequence_inference): the device may
+  // choose a path by the forward's time alone.
+  bool inference = false;
 };
 
 // a * b, or an error naming the op when it would not fit in int64.
@@ -415,6 +418,7 @@ struct ForwardSteps {
   void* c_n;
   bool tf32;                   // Dims::tf32
   const int64_t* batch_sizes;  // see above
+  bool inference = false;      // Dims::inference
   // W_h ([3S, S], rows of stride w_ld) for kernels that load it once and
   // read it in place (see steps_read_weights); first.w_hT is null then.
   const void* w_h = nullptr;
@@ -591,6 +595,7 @@ ForwardResult sequence_forward(const Tensor& input_arg, const Tensor& weights_ar
   const char* op = inference ? kSeqInference : kSeqForward;
   Dims d = check_forward_args(op, input_arg, weights_arg, bias_arg, old_h_arg, old_cell_arg);
   d.tf32 = tf32;
+  d.inference = inference;
   const StepRows rows = check_batch_sizes(op, batch_sizes, d);
   const int64_t T = d.T, B = d.B, F = d.F, S = d.S, S3 = 3 * S, L = S + F;
   const int64_t K =
@@ -681,6 +686,7 @@ ForwardResult sequence_forward(const Tensor& input_arg, const Tensor& weights_ar
       all.first.w_hT = in_place ? nullptr : w_hT_ptr();
       all.w_h = weights.const_data_ptr();
       all.w_ld = L;
+      all.inference = inference;
       all.first.h = outs + t0 * step_state;
       all.first.c = cells;
       // A chunk's last step writes h_n / c_n of the rows still running; a

@@ -104,6 +104,9 @@ constexpr int kBwdRows = 8;
 // to B64 S512 / B256 S256 / B8 S1024 (5.9 vs 18.4 ms at B64 S256), loses at
 // B64 S1024 (29.7 vs 22.4 ms, 2^27.6 multiply-adds).
 constexpr int64_t kFusedMaxMacs = int64_t(1) << 26;
+// float32's resident-weight kernels past kFusedMaxMacs up to B S^2 of this
+// where the batch is narrow (resident_size).
+constexpr int64_t kResidentMaxMacs = int64_t(1) << 25;
 // The partial products a step's product in parts of k may take
 // (CudaDev::step_splits).
 constexpr int64_t kStepSplitBytes = int64_t(8) << 20;
@@ -1543,13 +1546,30 @@ ResidentLaunch compute_resident_launch(int64_t B, int64_t S, int device, bool fo
   return best;
 }
 
+// The sizes the resident kernels take by default: at most kFusedMaxMacs
+// multiply-adds a step (B 3S S, where the fused kernels ran before them);
+// past it, where the batch is narrow against the state, B S^2 <= 2^25 with
+// 4B <= S, and for an inference run (the forward alone) up to 2^26 with
+// 16B <= S. There they beat a cuBLAS product a step (H100, full float32,
+// ms, against LLTM_OP_SEQUENCE_RESIDENT=0): forward+backward B32 S1024 T64
+// 3.61 against 4.74, T256 12.55 against 13.86; B128 S512 T64 3.50 against
+// 4.38; inference B64 S1024 T64 2.10 against 2.31, T1024 29.4 against
+// 30.8. Elsewhere cuBLAS won or tied: forward+backward B64 S1024 T1024 76.0
+// against 89.8, B2048 S128 T256 14.4 against 16.4, B512 S256 T256 13.6
+// against 13.8; inference B256 S512 T256 7.9 against 8.4.
+bool resident_size(const Dims& d) {
+  const int64_t macs = d.B * d.S * d.S;  // S <= 2^14, B <= 2^24: no overflow
+  if (3 * macs <= kFusedMaxMacs) return true;
+  if (macs <= kResidentMaxMacs && 4 * d.B <= d.S) return true;
+  return d.inference && macs <= 2 * kResidentMaxMacs && 16 * d.B <= d.S;
+}
+
 // The rule: float32 (full precision, or TF32 where the tensor-core path does
-// not apply), S a multiple of 4, at most kFusedMaxMacs multiply-adds a step
-// (where the fused kernels ran before), both directions' grids resident at
-// once. LLTM_OP_SEQUENCE_RESIDENT=0 turns the path off; forcing the cuBLAS path
-// or the per-step launches (LLTM_OP_SEQUENCE_FUSED=0,
-// LLTM_OP_SEQUENCE_PERSISTENT=0) does too. Remembered per (device, B, S)
-// as the tensor-core plans are.
+// not apply), S a multiple of 4, the sizes of resident_size, both
+// directions' grids resident at once. LLTM_OP_SEQUENCE_RESIDENT=0 turns the
+// path off; forcing the cuBLAS path or the per-step launches
+// (LLTM_OP_SEQUENCE_FUSED=0, LLTM_OP_SEQUENCE_PERSISTENT=0) does too.
+// Remembered per (device, B, S) as the tensor-core plans are.
 ResidentPlan resident_plan(const Tensor& like, const Dims& d) {
   if (like.scalar_type() != torch::headeronly::ScalarType::Float) return {};
   if (d.S % 4 != 0 || d.S == 0 || d.B == 0 || d.S > (int64_t(1) << 14) ||
@@ -1561,10 +1581,8 @@ ResidentPlan resident_plan(const Tensor& like, const Dims& d) {
       env_int("LLTM_OP_SEQUENCE_PERSISTENT", 1) == 0) {
     return {};
   }
-  // Past the fused path's bound the cuBLAS products won (H100, T256, full
-  // float32, forward+backward: 81.5 against 61.6 ms at B256 S1024, 26.4
-  // against 25.1 at B256 S512); LLTM_OP_SEQUENCE_RESIDENT=1 lifts it.
-  if (force < 0 && d.B * 3 * d.S * d.S > kFusedMaxMacs) return {};
+  // LLTM_OP_SEQUENCE_RESIDENT=1 lifts the size rule.
+  if (force < 0 && !resident_size(d)) return {};
   const int device = like.get_device();
   const int64_t shape = env_int("LLTM_OP_SEQUENCE_RESIDENT_SHAPE", 0);
   struct Key {
@@ -1916,6 +1934,7 @@ struct CudaDev {
   static bool forward_steps(const Tensor& like, const ForwardSteps& a) {
     Dims d{a.T, a.B, 0, a.S};
     d.tf32 = a.tf32;
+    d.inference = a.inference;
     if (const TcPlan p = tc_plan(like, d); p.ok) return forward_steps_tc(like, a, p);
     if (const ResidentPlan p = resident_plan(like, d); p.ok()) {
       return forward_steps_resident(like, a, p.forward);
@@ -2032,6 +2051,23 @@ struct CudaDev {
     return 1;
   }
 
+  // A row-major operand (row and column strides) as cuBLASLt's column-major
+  // view of its transpose: its memory as is where its columns are
+  // unit-stride (ld its row stride), else read transposed (ld its column
+  // stride); false where neither stride is 1.
+  static bool lt_operand(int64_t row, int64_t col, int32_t& trans, int64_t& ld) {
+    if (col == 1) {
+      trans = cublaslt::kOpN;
+      ld = row;
+    } else if (row == 1) {
+      trans = cublaslt::kOpT;
+      ld = col;
+    } else {
+      return false;
+    }
+    return true;
+  }
+
   // float32's step products in parts of k (see step_splits) as one batched
   // cublasLtMatmul, its algorithm chosen once per shape, instead of an
   // aten::bmm over strided views, whose host time set these steps' pace.
@@ -2054,8 +2090,7 @@ struct CudaDev {
                       lt::alignment(reinterpret_cast<const void*>(stride_bytes)));
     };
     // Column-major, each part's out^T (N x M, ld N) = b^T (N x kc) a^T (kc x
-    // M), as product() below: b^T is b's memory as is where its columns are
-    // unit-stride (ld its row stride), else read transposed; a^T likewise.
+    // M), as product() below, each operand as lt_operand reads it.
     lt::Shape shape{dtype,
                     lt_compute(dtype, p.tf32),
                     static_cast<uint64_t>(p.N),
@@ -2067,20 +2102,8 @@ struct CudaDev {
                     align(p.b.data, kc * p.b.row * esize),
                     align(p.a.data, kc * p.a.col * esize),
                     align(p.parts, p.part_stride * esize)};
-    auto operand = [](int64_t row, int64_t col, int32_t& trans, int64_t& ld) {
-      if (col == 1) {
-        trans = lt::kOpN;
-        ld = row;
-      } else if (row == 1) {
-        trans = lt::kOpT;
-        ld = col;
-      } else {
-        return false;
-      }
-      return true;
-    };
-    if (!operand(p.b.row, p.b.col, shape.transa, shape.lda) ||
-        !operand(p.a.row, p.a.col, shape.transb, shape.ldb)) {
+    if (!lt_operand(p.b.row, p.b.col, shape.transa, shape.lda) ||
+        !lt_operand(p.a.row, p.a.col, shape.transb, shape.ldb)) {
       return false;
     }
     shape.batch = static_cast<int32_t>(p.splits);
@@ -2155,20 +2178,7 @@ struct CudaDev {
     const bool full_f32 = dtype == lt::kR32F && !tf32;
     if (full_f32 && K > 2 * std::max(M, N) && M * N * K > kLtFullF32LongKMaxMacs) return false;
     // Column-major, out^T (N x M, ld out.stride(0)) = b^T (N x K) a^T (K x
-    // M): b^T is b's memory read as is where b's rows are unit-stride (ld its
-    // row stride), else b read transposed; a^T likewise.
-    auto operand = [](const Tensor& t, int32_t& trans, int64_t& ld) {
-      if (t.stride(1) == 1) {
-        trans = lt::kOpN;
-        ld = t.stride(0);
-      } else if (t.stride(0) == 1) {
-        trans = lt::kOpT;
-        ld = t.stride(1);
-      } else {
-        return false;
-      }
-      return true;
-    };
+    // M), each operand as lt_operand reads it.
     lt::Shape shape{dtype,
                     lt_compute(dtype, tf32),
                     static_cast<uint64_t>(N),
@@ -2180,7 +2190,10 @@ struct CudaDev {
                     lt::alignment(b.const_data_ptr()),
                     lt::alignment(a.const_data_ptr()),
                     lt::alignment(out.const_data_ptr())};
-    if (!operand(b, shape.transa, shape.lda) || !operand(a, shape.transb, shape.ldb)) return false;
+    if (!lt_operand(b.stride(0), b.stride(1), shape.transa, shape.lda) ||
+        !lt_operand(a.stride(0), a.stride(1), shape.transb, shape.ldb)) {
+      return false;
+    }
     // A column-major layout's ld is at least its rows (a size-1 dimension's
     // stride may be anything).
     const int64_t rows_a = shape.transa == lt::kOpT ? K : N;

@@ -1360,6 +1360,52 @@ def test_cuda_resident_kernels_run_and_match_the_reference(size, shape, packed):
     assert_packed_run_matches(out, args, ref, ref_args, grads, lengths, 1e-5)
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize(
+    ("B", "S", "training", "inference"),
+    [
+        (32, 1024, True, True),  # B S^2 = 2^25, 4B <= S
+        (128, 512, True, True),
+        (129, 512, False, False),  # 4B > S
+        (512, 256, False, False),
+        (33, 1024, False, True),  # past 2^25: an inference run, 16B <= S
+        (64, 1024, False, True),  # 2^26
+        (65, 1024, False, False),
+    ],
+    ids=str,
+)
+def test_cuda_full_float32_takes_the_resident_kernels_by_the_size_rule(B, S, training, inference):
+    """Full float32 past the fused path's 2^26 multiply-adds a step runs the
+    resident-weight kernels where the batch is narrow against the state:
+    B S^2 <= 2^25 with 4B <= S, and an inference run up to 2^26 with 16B
+    <= S; a cuBLAS product a step otherwise. Either way the values (and a
+    forward+backward's gradients) match float64. Skipped where the resident
+    grid does not fit this GPU at that size."""
+    need("cuda")
+    T, F = 3, 8
+    inputs = make_args(T, B, F, S, dtype=torch.float32, device="cuda", generator=torch.Generator().manual_seed(B + S))
+
+    def infer():
+        with torch.no_grad():
+            return flat(lltm_sequence(*inputs))
+
+    with tf32_matmul(False):
+        with env(LLTM_OP_SEQUENCE_RESIDENT="1"):
+            if sum("forward_resident_kernel" in n for n in _cuda_kernel_names(infer)) != 1:
+                pytest.skip("the resident grid does not fit this GPU at this size")
+        ref = _float64_results(inputs)
+        run, got = _ones_backward(inputs)
+        names = _cuda_kernel_names(run)
+        assert sum("forward_resident_kernel" in n for n in names) == int(training), names
+        assert any("backward_resident_kernel" in n for n in names) == training, names
+        for name, g, r in zip(RESULT_NAMES, got, ref):
+            assert rel_err(g.cpu(), r) <= LIMITS[torch.float32], name
+        names = _cuda_kernel_names(infer)
+        assert sum("forward_resident_kernel" in n for n in names) == int(inference), names
+        for name, g, r in zip(RESULT_NAMES, infer(), ref):
+            assert rel_err(g.cpu(), r) <= LIMITS[torch.float32], name
+
+
 def runs_fma_local(S: int, B: int, cluster: int | None = None) -> bool:
     """Whether full-precision float32 runs the block-local FMA kernels at
     state size S and batch B on this GPU (the rule of
@@ -1795,23 +1841,15 @@ def test_cuda_cublas_path_cell_kernels_launched_early_match_plain_launches(dtype
     need("cuda")
     T, B, F, S = 8, 64, 24, 515  # products long enough that an early start would race
     inputs = make_args(T, B, F, S, dtype=dtype, device="cuda", generator=torch.Generator().manual_seed(11))
-    ref_args = [t.detach().double().cpu().requires_grad_() for t in inputs]
-    ref = flat(reference(*ref_args))
-    torch.autograd.backward(ref, [torch.ones_like(r) for r in ref])
     got = {}
     for pdl in ("1", "0"):
-        args = [t.detach().clone().requires_grad_() for t in inputs]
+        run, got[pdl] = _ones_backward(inputs)
         with env(LLTM_OP_SEQUENCE_FUSED="0", LLTM_OP_SEQUENCE_PDL=pdl):
-            out = flat(lltm_sequence(*args))
-            torch.autograd.backward(out, [torch.ones_like(o) for o in out])
-        got[pdl] = [o.detach() for o in out] + [a.grad for a in args]
-    names = ("outputs", "h_n", "c_n", "input", "weights", "bias", "old_h", "old_cell")
-    for name, a, b in zip(names, got["1"], got["0"]):
+            run()
+    for name, a, b in zip(RESULT_NAMES, got["1"], got["0"]):
         assert torch.equal(a, b), name
-    for name, o, r in zip(("outputs", "h_n", "c_n"), got["1"], ref):
-        assert rel_err(o.cpu(), r) <= LIMITS[dtype], name
-    for name, g, r in zip(("input", "weights", "bias", "old_h", "old_cell"), got["1"][3:], ref_args):
-        assert rel_err(g.cpu(), r.grad) <= LIMITS[dtype], f"grad of {name}"
+    for name, g, r in zip(RESULT_NAMES, got["1"], _float64_results(inputs)):
+        assert rel_err(g.cpu(), r) <= LIMITS[dtype], name
 
 
 @pytest.mark.cuda
