@@ -72,6 +72,18 @@ constexpr int kPrefetch = RT == 1        ? 8
                           : RT * W >= 96 ? 2
                                          : 4;
 
+// Cells a thread runs at once where they are not loaded ahead (RT = 4):
+// the loads of a batch are all in flight together, after the product,
+// whose accumulators are dead by then.
+constexpr int kCellBatch = 4;
+
+// Asks L2 for the line of `p` (no register, no wait): a step's cell inputs
+// that live in HBM (the input projection, the saved states) are fetched
+// while the product runs.
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
 // acc[i][c] += sum over the thread's k of state[row i][k] * w[k][c], over
 // the chunks c0, c0 + 4, ... below kend of this warp's k range (`state(i)`
 // is row i's base pointer; k past K reads zero weights, and the state is
@@ -270,12 +282,22 @@ __global__ void __launch_bounds__(kThreads)
       }
     };
     // One row a thread (latency-bound sizes): the cells' inputs are loaded
-    // before the product, which hides their latency.
+    // before the product, which hides their latency. Four rows (no
+    // registers to spare): their input projections are asked of L2 before
+    // the product and loaded after it, kCellBatch cells at once.
     constexpr int kAhead = RT == 1 ? NJ / 4 : 0;  // bm NJ <= kAhead * kThreads
     float ahead[kAhead > 0 ? kAhead : 1][7];
     bool live[kAhead > 0 ? kAhead : 1];
 #pragma unroll
     for (int q = 0; q < kAhead; ++q) live[q] = cell_inputs(threadIdx.x + q * kThreads, ahead[q]);
+    if constexpr (kAhead == 0) {
+      for (int e = threadIdx.x; e < bm * NJ; e += kThreads) {
+        const int64_t row_i = r0 + e / NJ, j = j0 + e % NJ;
+        if (row_i >= n || j >= S) continue;
+#pragma unroll
+        for (int g = 0; g < 3; ++g) prefetch_l2(g_t + row_i * 3 * S + g * S + j);
+      }
+    }
     block_product<RT, W>(part, wsm, p, t ? outs + (t - 1) * step_state : h0, B, S, r0, bm);
     __syncthreads();
     if constexpr (kAhead > 0) {
@@ -284,9 +306,15 @@ __global__ void __launch_bounds__(kThreads)
         if (live[q]) finish_cell(threadIdx.x + q * kThreads, ahead[q]);
       }
     } else {
-      for (int e = threadIdx.x; e < bm * NJ; e += kThreads) {
-        float v[7];
-        if (cell_inputs(e, v)) finish_cell(e, v);
+      for (int e0 = threadIdx.x; e0 < bm * NJ; e0 += kCellBatch * kThreads) {
+        float v[kCellBatch][7];
+        bool runs[kCellBatch];
+#pragma unroll
+        for (int q = 0; q < kCellBatch; ++q) runs[q] = cell_inputs(e0 + q * kThreads, v[q]);
+#pragma unroll
+        for (int q = 0; q < kCellBatch; ++q) {
+          if (runs[q]) finish_cell(e0 + q * kThreads, v[q]);
+        }
       }
     }
     if (!last) row_barrier(arrivals, static_cast<unsigned long long>(t + 1) * gridDim.x);
@@ -382,6 +410,19 @@ __global__ void __launch_bounds__(kThreads)
     int status[kAhead > 0 ? kAhead : 1];
 #pragma unroll
     for (int q = 0; q < kAhead; ++q) status[q] = cell_inputs(threadIdx.x + q * kThreads, ahead[q]);
+    if constexpr (kAhead == 0) {
+      // As in the forward: the inputs that live in HBM (the step's output
+      // gradient, pre-activations and c_{t-1}) asked of L2 first.
+      for (int e = threadIdx.x; e < bm * NJ; e += kThreads) {
+        const int64_t row_i = r0 + e / NJ, j = j0 + e % NJ;
+        if (row_i >= n || j >= S) continue;
+        const int64_t i = row_i * S + j;
+        if (go != nullptr) prefetch_l2(go + t * step_state + i);
+#pragma unroll
+        for (int g = 0; g < 3; ++g) prefetch_l2(g_t + row_i * S3 + g * S + j);
+        prefetch_l2(c_prev + i);
+      }
+    }
     if (product_runs) {
       block_product<RT, W>(part, wsm, p, dG + step_at.next_slot * step_gates, B, S3, r0, bm);
     }
@@ -393,9 +434,15 @@ __global__ void __launch_bounds__(kThreads)
         if (e < bm * NJ) finish_cell(e, ahead[q], status[q]);
       }
     } else {
-      for (int e = threadIdx.x; e < bm * NJ; e += kThreads) {
-        float v[6];
-        finish_cell(e, v, cell_inputs(e, v));
+      for (int e0 = threadIdx.x; e0 < bm * NJ; e0 += kCellBatch * kThreads) {
+        float v[kCellBatch][6];
+        int runs[kCellBatch];
+#pragma unroll
+        for (int q = 0; q < kCellBatch; ++q) runs[q] = cell_inputs(e0 + q * kThreads, v[q]);
+#pragma unroll
+        for (int q = 0; q < kCellBatch; ++q) {
+          if (e0 + q * kThreads < bm * NJ) finish_cell(e0 + q * kThreads, v[q], runs[q]);
+        }
       }
     }
     // Arrive with the step's dG written (and its bias-gradient rows: the
