@@ -1548,9 +1548,9 @@ ResidentLaunch compute_resident_launch(int64_t B, int64_t S, int device, bool fo
 
 // The sizes the resident kernels take by default: at most kFusedMaxMacs
 // multiply-adds a step (B 3S S, where the fused kernels ran before them);
-// past it, where the batch is narrow against the state, B S^2 <= 2^25 with
-// 4B <= S, and for an inference run (the forward alone) up to 2^26 with
-// 16B <= S. There they beat a cuBLAS product a step (H100, full float32,
+// past it, in full float32 where the batch is narrow against the state,
+// B S^2 <= 2^25 with 4B <= S, and for an inference run (the forward alone)
+// up to 2^26 with 16B <= S. There they beat a cuBLAS product a step (H100, full float32,
 // ms, against LLTM_OP_SEQUENCE_RESIDENT=0): forward+backward B32 S1024 T64
 // 3.61 against 4.74, T256 12.55 against 13.86; B128 S512 T64 3.50 against
 // 4.38; inference B64 S1024 T64 2.10 against 2.31, T1024 29.4 against
@@ -1560,6 +1560,9 @@ ResidentLaunch compute_resident_launch(int64_t B, int64_t S, int device, bool fo
 bool resident_size(const Dims& d) {
   const int64_t macs = d.B * d.S * d.S;  // S <= 2^14, B <= 2^24: no overflow
   if (3 * macs <= kFusedMaxMacs) return true;
+  // Measured in full float32 only: a call on TF32 (S off the tensor-core
+  // kernels' multiple of 8) keeps its cuBLAS TF32 products past the bound.
+  if (d.tf32) return false;
   if (macs <= kResidentMaxMacs && 4 * d.B <= d.S) return true;
   return d.inference && macs <= 2 * kResidentMaxMacs && 16 * d.B <= d.S;
 }
