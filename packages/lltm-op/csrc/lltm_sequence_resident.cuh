@@ -77,6 +77,23 @@ constexpr int kPrefetch = RT == 1        ? 8
 // whose accumulators are dead by then.
 constexpr int kCellBatch = 4;
 
+// The block's `count` cells, kCellBatch a thread at a time: inputs(e, v)
+// loads cell e's NV inputs and returns its status (0: none; e >= count
+// loads nothing), then finish(e, v, status) runs each cell of the batch.
+template <int NV, typename Inputs, typename Finish>
+__device__ __forceinline__ void cells_in_batches(int count, Inputs&& inputs, Finish&& finish) {
+  for (int e0 = threadIdx.x; e0 < count; e0 += kCellBatch * kThreads) {
+    float v[kCellBatch][NV];
+    int status[kCellBatch];
+#pragma unroll
+    for (int q = 0; q < kCellBatch; ++q) status[q] = inputs(e0 + q * kThreads, v[q]);
+#pragma unroll
+    for (int q = 0; q < kCellBatch; ++q) {
+      if (e0 + q * kThreads < count) finish(e0 + q * kThreads, v[q], status[q]);
+    }
+  }
+}
+
 // Asks L2 for the line of `p` (no register, no wait): a step's cell inputs
 // that live in HBM (the input projection, the saved states) are fetched
 // while the product runs.
@@ -306,16 +323,11 @@ __global__ void __launch_bounds__(kThreads)
         if (live[q]) finish_cell(threadIdx.x + q * kThreads, ahead[q]);
       }
     } else {
-      for (int e0 = threadIdx.x; e0 < bm * NJ; e0 += kCellBatch * kThreads) {
-        float v[kCellBatch][7];
-        bool runs[kCellBatch];
-#pragma unroll
-        for (int q = 0; q < kCellBatch; ++q) runs[q] = cell_inputs(e0 + q * kThreads, v[q]);
-#pragma unroll
-        for (int q = 0; q < kCellBatch; ++q) {
-          if (runs[q]) finish_cell(e0 + q * kThreads, v[q]);
-        }
-      }
+      cells_in_batches<7>(
+          static_cast<int>(bm * NJ), [&](int e, float (&v)[7]) { return int(cell_inputs(e, v)); },
+          [&](int e, const float (&v)[7], int live) {
+            if (live) finish_cell(e, v);
+          });
     }
     if (!last) row_barrier(arrivals, static_cast<unsigned long long>(t + 1) * gridDim.x);
   }
@@ -434,16 +446,7 @@ __global__ void __launch_bounds__(kThreads)
         if (e < bm * NJ) finish_cell(e, ahead[q], status[q]);
       }
     } else {
-      for (int e0 = threadIdx.x; e0 < bm * NJ; e0 += kCellBatch * kThreads) {
-        float v[kCellBatch][6];
-        int runs[kCellBatch];
-#pragma unroll
-        for (int q = 0; q < kCellBatch; ++q) runs[q] = cell_inputs(e0 + q * kThreads, v[q]);
-#pragma unroll
-        for (int q = 0; q < kCellBatch; ++q) {
-          if (e0 + q * kThreads < bm * NJ) finish_cell(e0 + q * kThreads, v[q], runs[q]);
-        }
-      }
+      cells_in_batches<6>(static_cast<int>(bm * NJ), cell_inputs, finish_cell);
     }
     // Arrive with the step's dG written (and its bias-gradient rows: the
     // arrival holds the block's threads), then sum the bias gradient while
