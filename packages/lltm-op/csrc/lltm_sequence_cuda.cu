@@ -105,8 +105,9 @@ constexpr int kBwdRows = 8;
 // B64 S1024 (29.7 vs 22.4 ms, 2^27.6 multiply-adds).
 constexpr int64_t kFusedMaxMacs = int64_t(1) << 26;
 // float32's resident-weight kernels past kFusedMaxMacs up to B S^2 of this
-// where the batch is narrow (resident_size).
-constexpr int64_t kResidentMaxMacs = int64_t(1) << 25;
+// (a third of a step's multiply-adds) where the batch is narrow
+// (resident_size).
+constexpr int64_t kResidentMaxBSS = int64_t(1) << 25;
 // The partial products a step's product in parts of k may take
 // (CudaDev::step_splits).
 constexpr int64_t kStepSplitBytes = int64_t(8) << 20;
@@ -1550,21 +1551,21 @@ ResidentLaunch compute_resident_launch(int64_t B, int64_t S, int device, bool fo
 // multiply-adds a step (B 3S S, where the fused kernels ran before them);
 // past it, in full float32 where the batch is narrow against the state,
 // B S^2 <= 2^25 with 4B <= S, and for an inference run (the forward alone)
-// up to 2^26 with 16B <= S. There they beat a cuBLAS product a step (H100, full float32,
-// ms, against LLTM_OP_SEQUENCE_RESIDENT=0): forward+backward B32 S1024 T64
-// 3.61 against 4.74, T256 12.55 against 13.86; B128 S512 T64 3.50 against
-// 4.38; inference B64 S1024 T64 2.10 against 2.31, T1024 29.4 against
-// 30.8. Elsewhere cuBLAS won or tied: forward+backward B64 S1024 T1024 76.0
-// against 89.8, B2048 S128 T256 14.4 against 16.4, B512 S256 T256 13.6
-// against 13.8; inference B256 S512 T256 7.9 against 8.4.
+// up to 2^26 with 16B <= S. There they beat a cuBLAS product a step (H100,
+// full float32, ms, against LLTM_OP_SEQUENCE_RESIDENT=0): forward+backward
+// B32 S1024 T64 3.61 against 4.74, T256 12.55 against 13.86; B128 S512 T64
+// 3.50 against 4.38; inference B64 S1024 T64 2.10 against 2.31, T1024 29.4
+// against 30.8. Elsewhere cuBLAS won or tied: forward+backward B64 S1024
+// T1024 76.0 against 89.8, B2048 S128 T256 14.4 against 16.4, B512 S256
+// T256 13.6 against 13.8; inference B256 S512 T256 7.9 against 8.4.
 bool resident_size(const Dims& d) {
-  const int64_t macs = d.B * d.S * d.S;  // S <= 2^14, B <= 2^24: no overflow
-  if (3 * macs <= kFusedMaxMacs) return true;
+  const int64_t bss = d.B * d.S * d.S;  // S <= 2^14, B <= 2^24: no overflow
+  if (3 * bss <= kFusedMaxMacs) return true;
   // Measured in full float32 only: a call on TF32 (S off the tensor-core
   // kernels' multiple of 8) keeps its cuBLAS TF32 products past the bound.
   if (d.tf32) return false;
-  if (macs <= kResidentMaxMacs && 4 * d.B <= d.S) return true;
-  return d.inference && macs <= 2 * kResidentMaxMacs && 16 * d.B <= d.S;
+  if (bss <= kResidentMaxBSS && 4 * d.B <= d.S) return true;
+  return d.inference && bss <= 2 * kResidentMaxBSS && 16 * d.B <= d.S;
 }
 
 // The rule: float32 (full precision, or TF32 where the tensor-core path does
