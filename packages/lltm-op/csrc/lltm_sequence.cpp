@@ -483,10 +483,11 @@ STABLE_TORCH_LIBRARY_FRAGMENT(lltm_op, m) {
       "bool allow_tf32=False, Tensor? batch_sizes=None) -> (Tensor outputs, Tensor h_n, "
       "Tensor c_n, Tensor gates, Tensor cells)");
   // sequence_forward's outputs, h_n and c_n with nothing kept for a
-  // backward (inference): past 16 MiB the pre-activations and cell states
-  // are held for an eighth of the steps (at least 32) at a time, so a long
-  // run takes less memory than a loop of cells (inference_chunk_steps). Not
-  // differentiable (an error if a gradient is asked for).
+  // backward (inference): the cell states of two steps, and past 16 MiB the
+  // input projection of an eighth of the steps (at least 32) at a time, so
+  // that a long run takes less memory than a loop of cells
+  // (inference_chunk_steps). Not differentiable (an error if a gradient is
+  // asked for).
   m.def(
       "sequence_inference(Tensor input, Tensor weights, Tensor bias, Tensor old_h, "
       "Tensor old_cell, bool allow_tf32=False, Tensor? batch_sizes=None) -> (Tensor outputs, "

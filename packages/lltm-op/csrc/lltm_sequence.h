@@ -401,7 +401,9 @@ struct BackwardStep {
 // kernels): step t's pointers are those of step 0 (the first step run) moved
 // by t * step_gates / step_state bytes, except where a step reads the
 // initial state (h0, c0) or writes the final one (h_n, c_n: forward, last
-// step). Backward: the steps t1 - 1 down to t0 of one chunk, as the loop in
+// step), and the cell states of an inference chunk (alternate_cells: step
+// t's in slot t & 1 of two, as nothing reads them but the next step).
+// Backward: the steps t1 - 1 down to t0 of one chunk, as the loop in
 // sequence_backward sets them up one by one.
 //
 // batch_sizes (both): null, every row runs every step; or a packed run's
@@ -419,6 +421,7 @@ struct ForwardSteps {
   bool tf32;                   // Dims::tf32
   const int64_t* batch_sizes;  // see above
   bool inference = false;      // Dims::inference
+  bool alternate_cells = false;  // two cell-state slots, see above
   // W_h ([3S, S], rows of stride w_ld) for kernels that load it once and
   // read it in place (see steps_read_weights); first.w_hT is null then.
   const void* w_h = nullptr;
@@ -562,16 +565,19 @@ struct ForwardResult {
 };
 
 // How many steps an inference run (sequence_inference: nothing kept for a
-// backward) holds the input projection and the cell states of at once.
-// Where those of every step (4S values a row and step) would take more than
-// kInferenceKeepBytes: an eighth of the steps, so that the run takes less
-// memory than a loop of cells collecting its outputs (outputs, then half
-// of that), but never fewer than kInferenceChunkSteps (a chunk costs a
-// product and a launch, 5-20 us on an H200: at T64 B256 S512 eight chunks
-// of 8 steps made the run 26% slower); below the bytes, all steps at once
-// as sequence_forward keeps them. LLTM_OP_SEQUENCE_INFERENCE_CHUNKS
-// overrides the number of chunks (at least 2 steps a chunk: its first step
-// reads the previous chunk's last cell state from the slot it writes last).
+// backward) holds the input projection of at once; its cell states take
+// two slots whatever the chunk (see sequence_forward). Where the
+// projection and cell states of every step (4S values a row and step)
+// would take more than kInferenceKeepBytes: an eighth of the steps, so that
+// a long run takes less memory than a loop of cells collecting its outputs
+// (outputs, then as much again), but never fewer than kInferenceChunkSteps
+// (a chunk costs a product, a launch and the loading of the step kernels'
+// weights: at T64 B256 S512 eight chunks of 8 steps made the run 26%
+// slower, and on an H200 four chunks of 16 instead of two of 32 took 2-19%
+// longer at T16-T64); below the bytes, all steps at once.
+// LLTM_OP_SEQUENCE_INFERENCE_CHUNKS=n overrides the count (chunks of T / n
+// steps). A chunk of fewer steps than T is a whole number of pairs of steps
+// (rounded up), so that its last step's cell state is in the second slot.
 constexpr double kInferenceKeepBytes = 16.0 * (1 << 20);
 constexpr int64_t kInferenceChunkSteps = 32;
 inline int64_t inference_chunk_steps(const Dims& d, int64_t esize) {
@@ -579,13 +585,15 @@ inline int64_t inference_chunk_steps(const Dims& d, int64_t esize) {
   const int64_t chunks =
       env_int("LLTM_OP_SEQUENCE_INFERENCE_CHUNKS",
               all > kInferenceKeepBytes ? std::min<int64_t>(8, d.T / kInferenceChunkSteps) : 1);
-  if (chunks <= 1 || d.T < 4) return d.T;
-  return std::max<int64_t>(2, (d.T + chunks - 1) / chunks);
+  if (chunks <= 1) return d.T;
+  const int64_t steps = ((d.T + chunks - 1) / chunks + 1) & ~int64_t{1};
+  return std::min(steps, d.T);
 }
 
-// inference: gates and cells are scratch for a chunk of steps at a time
-// (inference_chunk_steps), not results; the steps run chunk by chunk, each
-// chunk's input projection one product.
+// inference: gates and cells are scratch, not results: the gates of a
+// chunk of steps at a time (inference_chunk_steps), the cell states of two
+// steps; the steps run chunk by chunk, each chunk's input projection one
+// product.
 template <class Dev>
 ForwardResult sequence_forward(const Tensor& input_arg, const Tensor& weights_arg,
                                const Tensor& bias_arg, const Tensor& old_h_arg,
@@ -600,10 +608,14 @@ ForwardResult sequence_forward(const Tensor& input_arg, const Tensor& weights_ar
   const int64_t T = d.T, B = d.B, F = d.F, S = d.S, S3 = 3 * S, L = S + F;
   const int64_t K =
       inference ? inference_chunk_steps(d, static_cast<int64_t>(input_arg.element_size())) : T;
+  // An inference run's cell states alternate between two slots: step t0 + i
+  // of a chunk writes slot i & 1 (the slot it reads is the other one), and
+  // the next chunk's first step reads the last one's, slot 1 (K is even).
+  const int64_t cell_slots = inference ? std::min<int64_t>(K, 2) : K;
   const Tensor& like = input_arg;
   ForwardResult r{alloc(op, "outputs", like, {T, B, S}), alloc(op, "h_n", like, {B, S}),
                   alloc(op, "c_n", like, {B, S}), alloc(op, "gates", like, {K, B, S3}),
-                  alloc(op, "cells", like, {K, B, S})};
+                  alloc(op, "cells", like, {cell_slots, B, S})};
   if (B * S == 0) return r;
   if (T == 0) {
     torch::stable::copy_(r.h_n, old_h_arg);
@@ -655,10 +667,11 @@ ForwardResult sequence_forward(const Tensor& input_arg, const Tensor& weights_ar
     const int64_t t1 = std::min(T, t0 + K), steps = t1 - t0;
     // Chunk slots: step t's gates and cell state at slot t - t0.
     auto slot_gates = [&](int64_t t) { return gates + (t - t0) * step_gates; };
-    auto slot_cells = [&](int64_t t) { return cells + (t - t0) * step_state; };
-    // The cell state before step t0: the previous chunk's last (slot K - 1).
+    auto cell_slot = [&](int64_t i) { return cells + (inference ? i & 1 : i) * step_state; };
+    auto slot_cells = [&](int64_t t) { return cell_slot(t - t0); };
+    // The cell state before step t0: the previous chunk's last (step K - 1).
     const void* c_before =
-        t0 ? static_cast<const void*>(cells + (K - 1) * step_state) : old_cell.const_data_ptr();
+        t0 ? static_cast<const void*>(cell_slot(K - 1)) : old_cell.const_data_ptr();
     {
       // P = X W_x^T for the chunk's steps, straight into its gates slots.
       Tensor g2 = view_of(r.gates, {steps * B, S3}, {S3, 1});
@@ -687,6 +700,7 @@ ForwardResult sequence_forward(const Tensor& input_arg, const Tensor& weights_ar
       all.w_h = weights.const_data_ptr();
       all.w_ld = L;
       all.inference = inference;
+      all.alternate_cells = inference;
       all.first.h = outs + t0 * step_state;
       all.first.c = cells;
       // A chunk's last step writes h_n / c_n of the rows still running; a

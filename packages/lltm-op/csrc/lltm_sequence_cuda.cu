@@ -585,12 +585,15 @@ struct ChunkStep {
 // kPacked: bs holds a packed run's batch sizes (see rows_at), which do
 // not increase: a block row whose rows have all ended is done. Without it
 // the kernel is the whole batch's (see backward_persistent_kernel).
+// alternate_cells: step t's cell state in slot t & 1 (ForwardSteps).
 template <typename T, bool kPacked>
 __global__ void __launch_bounds__(32 * kWarps)
     forward_persistent_kernel(int64_t steps, int64_t B, int64_t S, T* gates, const T* bias,
-                              const T* h0, const T* w_hT, const T* c0, T* outs, T* cells, T* h_n,
-                              T* c_n, const int64_t* bs, unsigned long long* arrivals) {
+                              const T* h0, const T* w_hT, const T* c0, T* outs, T* cells,
+                              bool alternate_cells, T* h_n, T* c_n, const int64_t* bs,
+                              unsigned long long* arrivals) {
   const int64_t step_gates = B * 3 * S, step_state = B * S;
+  auto cells_at = [&](int64_t t) { return cells + (alternate_cells ? t & 1 : t) * step_state; };
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kRows;
   T* stage = stage_memory<T>();
   for (int64_t t = 0; t < steps; ++t) {
@@ -601,8 +604,8 @@ __global__ void __launch_bounds__(32 * kWarps)
     const bool final_state = kPacked || last;  // h_n / c_n written at rows from n_next
     const T* h_prev = stage_rows(stage, t ? outs + (t - 1) * step_state : h0, B, r0, S);
     forward_fused_step<T, true>(B, S, gates + t * step_gates, bias, h_prev, w_hT,
-                                t ? cells + (t - 1) * step_state : c0, outs + t * step_state,
-                                cells + t * step_state, final_state ? h_n : nullptr,
+                                t ? cells_at(t - 1) : c0, outs + t * step_state, cells_at(t),
+                                final_state ? h_n : nullptr,
                                 final_state ? c_n : nullptr, n, n_next);
     if (!last) row_barrier(arrivals, static_cast<unsigned long long>(t + 1) * gridDim.x);
   }
@@ -1722,8 +1725,8 @@ struct CudaDev {
           launch_local(kernel, l, s, a.T, a.B, a.S, static_cast<T*>(f.gates),
                        static_cast<const T*>(f.bias), static_cast<const T*>(f.h_prev),
                        static_cast<const T*>(a.w_h), a.w_ld, static_cast<const T*>(f.c_prev),
-                       static_cast<T*>(f.h), static_cast<T*>(f.c), static_cast<T*>(a.h_n),
-                       static_cast<T*>(a.c_n), s.sizes());
+                       static_cast<T*>(f.h), static_cast<T*>(f.c), a.alternate_cells,
+                       static_cast<T*>(a.h_n), static_cast<T*>(a.c_n), s.sizes());
         };
         const bool packed = a.batch_sizes != nullptr;
         if constexpr (std::is_same_v<T, float>) {
@@ -1831,8 +1834,9 @@ struct CudaDev {
                               static_cast<T*>(f.gates), static_cast<const T*>(f.bias),
                               static_cast<const T*>(h0), static_cast<const T*>(a.w_h), a.w_ld,
                               static_cast<const T*>(f.c_prev), static_cast<T*>(f.h),
-                              static_cast<T*>(f.c), static_cast<T*>(a.h_n), static_cast<T*>(a.c_n),
-                              s.sizes(), static_cast<unsigned long long*>(nullptr));
+                              static_cast<T*>(f.c), a.alternate_cells, static_cast<T*>(a.h_n),
+                              static_cast<T*>(a.c_n), s.sizes(),
+                              static_cast<unsigned long long*>(nullptr));
           });
         }
       });
@@ -1852,7 +1856,7 @@ struct CudaDev {
                    static_cast<T*>(f.gates), static_cast<const T*>(f.bias),
                    static_cast<const T*>(h0), static_cast<const T*>(a.w_h), a.w_ld,
                    static_cast<const T*>(f.c_prev), static_cast<T*>(f.h), static_cast<T*>(f.c),
-                   static_cast<T*>(a.h_n), static_cast<T*>(a.c_n), s.sizes(),
+                   a.alternate_cells, static_cast<T*>(a.h_n), static_cast<T*>(a.c_n), s.sizes(),
                    counters_of(arrivals));
         });
       }
@@ -1904,8 +1908,8 @@ struct CudaDev {
                static_cast<float*>(f.gates), static_cast<const float*>(f.bias),
                static_cast<const float*>(h0), static_cast<const float*>(a.w_h), a.w_ld,
                static_cast<const float*>(f.c_prev), static_cast<float*>(f.h),
-               static_cast<float*>(f.c), static_cast<float*>(a.h_n), static_cast<float*>(a.c_n),
-               s.sizes(), counters_of(arrivals));
+               static_cast<float*>(f.c), a.alternate_cells, static_cast<float*>(a.h_n),
+               static_cast<float*>(a.c_n), s.sizes(), counters_of(arrivals));
     });
     return true;
   }
@@ -1959,7 +1963,8 @@ struct CudaDev {
           a.T, a.B, a.S, static_cast<T*>(f.gates), static_cast<const T*>(f.bias),
           static_cast<const T*>(f.h_prev), static_cast<const T*>(f.w_hT),
           static_cast<const T*>(f.c_prev), static_cast<T*>(f.h), static_cast<T*>(f.c),
-          static_cast<T*>(a.h_n), static_cast<T*>(a.c_n), ptr_of(bs), counters_of(arrivals));
+          a.alternate_cells, static_cast<T*>(a.h_n), static_cast<T*>(a.c_n), ptr_of(bs),
+          counters_of(arrivals));
       OPSCOMMON_CUDA_CHECK_LAUNCH();
       ran = true;
     });

@@ -220,14 +220,16 @@ __device__ __forceinline__ void block_product(float* part, const float* wsm, con
 }
 
 // Forward: steps 0 .. steps - 1, as forward_persistent_kernel (kPacked: bs
-// holds a packed run's batch sizes). w_h: W_h, [3S, S] rows of stride ld_w
-// (read in place); h0 16-byte aligned, S a multiple of 4.
+// holds a packed run's batch sizes; alternate_cells: step t's cell state in
+// slot t & 1). w_h: W_h, [3S, S] rows of stride ld_w (read in place); h0
+// 16-byte aligned, S a multiple of 4.
 template <int NJ, int RT, bool kPacked>
 __global__ void __launch_bounds__(kThreads)
     forward_resident_kernel(int64_t steps, int64_t B, int64_t S, int row_warps, float* gates,
                             const float* bias, const float* h0, const float* w_h, int64_t ld_w,
-                            const float* c0, float* outs, float* cells, float* h_n, float* c_n,
-                            const int64_t* bs, unsigned long long* arrivals) {
+                            const float* c0, float* outs, float* cells, bool alternate_cells,
+                            float* h_n, float* c_n, const int64_t* bs,
+                            unsigned long long* arrivals) {
   constexpr int W = 3 * NJ;
   extern __shared__ __align__(16) unsigned char smem[];
   float* wsm = reinterpret_cast<float*>(smem);
@@ -240,14 +242,13 @@ __global__ void __launch_bounds__(kThreads)
     const int K = static_cast<int>((S + kRound - 1) / kRound * kRound);
     // Column c of the slice is column (c / NJ) S + j of W_h^T (tc::w_hT_at):
     // consecutive threads read consecutive k of it (coalesced).
-    tc::batched_copy(
-        K * W,
-        [&](int e) {
-          const int k = e % K, c = e / K;
+    tc::batched_copy_2d(
+        W, K,
+        [&](int c, int k) {
           const int64_t j = j0 + c % NJ;
           return k < S && j < S ? tc::w_hT_at(w_h, ld_w, k, (c / NJ) * S + j) : 0.0f;
         },
-        [&](int e, float v) { wsm[weight_row(e % K, W) + e / K] = v; });
+        [&](int c, int k, float v) { wsm[weight_row(k, W) + c] = v; });
   }
   __syncthreads();
   const Place p(RT, row_warps, S);
@@ -259,9 +260,9 @@ __global__ void __launch_bounds__(kThreads)
     const bool last = t == steps - 1;
     const bool final_state = kPacked || last;
     float* g_t = gates + t * step_gates;
-    const float* c_prev = t ? cells + (t - 1) * step_state : c0;
+    const float* c_prev = t ? cells + (alternate_cells ? (t - 1) & 1 : t - 1) * step_state : c0;
     float* h = outs + t * step_state;
-    float* c = cells + t * step_state;
+    float* c = cells + (alternate_cells ? t & 1 : t) * step_state;
     // Cell e's inputs: the input projection and bias of its three gates,
     // its c_{t-1}; false where it is no cell of this step.
     auto cell_inputs = [&](int e, float (&v)[7]) {

@@ -230,6 +230,31 @@ __device__ __forceinline__ void batched_copy(int n, Get get, Put put) {
   }
 }
 
+// batched_copy over e = o * n_inner + i of an n_outer x n_inner range:
+// put(o, i, get(o, i)), the pair (o, i) of each e advanced by additions
+// (no division by the runtime n_inner an element); get sees o clamped to
+// n_outer - 1.
+template <int kBatch = 8, typename Get, typename Put>
+__device__ __forceinline__ void batched_copy_2d(int n_outer, int n_inner, Get get, Put put) {
+  const int stride = static_cast<int>(blockDim.x);
+  int o = static_cast<int>(threadIdx.x) / n_inner, i = static_cast<int>(threadIdx.x) % n_inner;
+  while (o < n_outer) {
+    decltype(get(0, 0)) v[kBatch];
+    int os[kBatch], is[kBatch];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      os[b] = o;
+      is[b] = i;
+      v[b] = get(std::min(o, n_outer - 1), i);
+      for (i += stride; i >= n_inner; i -= n_inner) ++o;
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      if (os[b] < n_outer) put(os[b], is[b], v[b]);
+    }
+  }
+}
+
 // Fill `slices` slices of weight fragments, one after the other: in slice
 // s, fragment (kt, nt) of lane l at frag[((s * KT + kt) * NT + nt) * 32 + l]
 // (see make_fragment); `w(s, k, nt, n)` returns the bits of one element of
@@ -1062,12 +1087,16 @@ __device__ __forceinline__ void backward_pair(bool live, const float (&rec)[2], 
 // kWgmma (forward, 16-bit types, 4 or 8 row tiles a block, none of the
 // above): the product on the warpgroups' wgmma (see above) where the build
 // has it, else as without.
+//
+// alternate_cells (an inference chunk, ForwardSteps): step t's cell state
+// goes to slot t & 1 of cells.
 template <typename T, int Q, bool kPacked, bool kCluster = false, bool kHalfRows = false,
           bool kSpread = false, bool kWgmma = false>
 __global__ void __launch_bounds__(kTcThreads, 1)
     forward_tc_kernel(int64_t steps, int64_t B, int64_t S, int64_t bm, T* gates, const T* bias,
                       const T* h0, const T* w_h, int64_t ld_w, const T* c0, T* outs, T* cells,
-                      T* h_n, T* c_n, const int64_t* bs, unsigned long long* arrivals) {
+                      bool alternate_cells, T* h_n, T* c_n, const int64_t* bs,
+                      unsigned long long* arrivals) {
   constexpr int NT = 3 * Q, NACC = 4 * NT;
   extern __shared__ __align__(16) unsigned char smem[];
   const Split sp(bm);
@@ -1257,7 +1286,7 @@ __global__ void __launch_bounds__(kTcThreads, 1)
       T* g_t = gates + t * step_gates;
 #pragma unroll
       for (int g = 0; g < 3; ++g) store_pair(g_t + row * S3 + g * S + j, pre[q][half][g]);
-      store_pair(cells + t * step_state + i, cv[q][half]);
+      store_pair(cells + (alternate_cells ? t & 1 : t) * step_state + i, cv[q][half]);
       if (kPacked ? row >= n_next : last) store_pair(c_n + i, cv[q][half]);  // the row's last step
     };
     Pair<T> wpre[kSpread ? Q : 1][3] = {}, wcv[kSpread ? Q : 1] = {};
@@ -1318,7 +1347,7 @@ __global__ void __launch_bounds__(kTcThreads, 1)
         const int64_t i = w.row * S + w.j;
 #pragma unroll
         for (int g = 0; g < 3; ++g) store_pair(g_t + w.row * S3 + g * S + w.j, wpre[k][g]);
-        store_pair(cells + t * step_state + i, wcv[k]);
+        store_pair(cells + (alternate_cells ? t & 1 : t) * step_state + i, wcv[k]);
         if (kPacked ? w.row >= n_next : last) store_pair(c_n + i, wcv[k]);
       }
       if (!last) spread_prefetch(t + 1);

@@ -667,7 +667,8 @@ template <bool kCluster, bool kSmallK>
 constexpr int kForwardChains = kCluster && kSmallK ? 4 : 2;
 
 // kPacked as in forward_tc_kernel: a row runs while it is below the step's
-// batch size and writes h_n / c_n at its own last step. The grid is (C,
+// batch size and writes h_n / c_n at its own last step; alternate_cells as
+// there. The grid is (C,
 // ceil(B / rows)); kCluster: C > 1, its rows' C blocks one cluster
 // (sm_90). The kernels (forward_tc_local_kernel, forward_fma_local_kernel)
 // are this function with their products. kRows: batch rows a cluster, 16
@@ -676,8 +677,9 @@ template <typename T, int Q, bool kPacked, bool kCluster, bool kSmallK, bool kFm
           int64_t kRows>
 __device__ __forceinline__ void forward_local(int64_t steps, int64_t B, int64_t S, T* gates,
                                               const T* bias, const T* h0, const T* w_h,
-                                              int64_t ld_w, const T* c0, T* outs, T* cells, T* h_n,
-                                              T* c_n, const int64_t* bs) {
+                                              int64_t ld_w, const T* c0, T* outs, T* cells,
+                                              bool alternate_cells, T* h_n, T* c_n,
+                                              const int64_t* bs) {
   constexpr int NT = 3 * Q;
   constexpr int kHalves = local_halves<kFma, kRows>();
   using Math = std::conditional_t<kFma, AccurateMath, TcMath>;
@@ -884,7 +886,7 @@ __device__ __forceinline__ void forward_local(int64_t steps, int64_t B, int64_t 
     }
     g_t += step_gates;
     o_t += step_state;
-    c_t += step_state;
+    c_t += alternate_cells && (t & 1) ? -step_state : step_state;  // slot t & 1 (ForwardSteps)
     return true;
   };
   for (int64_t t = 0; t < steps; t += 2) {
@@ -900,18 +902,19 @@ template <typename T, int Q, bool kPacked, bool kCluster, bool kSmallK, int kRow
 __global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
     forward_tc_local_kernel(int64_t steps, int64_t B, int64_t S, T* gates, const T* bias,
                             const T* h0, const T* w_h, int64_t ld_w, const T* c0, T* outs, T* cells,
-                            T* h_n, T* c_n, const int64_t* bs) {
+                            bool alternate_cells, T* h_n, T* c_n, const int64_t* bs) {
   forward_local<T, Q, kPacked, kCluster, kSmallK, false, kSplit, kRows>(
-      steps, B, S, gates, bias, h0, w_h, ld_w, c0, outs, cells, h_n, c_n, bs);
+      steps, B, S, gates, bias, h0, w_h, ld_w, c0, outs, cells, alternate_cells, h_n, c_n, bs);
 }
 // Full float32 (no TF32): the product on the FMA units, kSplit warps a tile.
 template <bool kPacked, bool kCluster, bool kSmallK, int kSplit>
 __global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
     forward_fma_local_kernel(int64_t steps, int64_t B, int64_t S, float* gates, const float* bias,
                              const float* h0, const float* w_h, int64_t ld_w, const float* c0,
-                             float* outs, float* cells, float* h_n, float* c_n, const int64_t* bs) {
+                             float* outs, float* cells, bool alternate_cells, float* h_n,
+                             float* c_n, const int64_t* bs) {
   forward_local<float, kLocalQ, kPacked, kCluster, kSmallK, true, kSplit, kLocalRowsOf<true>>(
-      steps, B, S, gates, bias, h0, w_h, ld_w, c0, outs, cells, h_n, c_n, bs);
+      steps, B, S, gates, bias, h0, w_h, ld_w, c0, outs, cells, alternate_cells, h_n, c_n, bs);
 }
 
 // -- backward -------------------------------------------------------------------------------

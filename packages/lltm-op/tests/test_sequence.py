@@ -2037,16 +2037,25 @@ def test_cuda_peak_memory_at_most_the_loop_of_cells(size, dtype, tf32):
 @pytest.mark.cuda
 @pytest.mark.parametrize(
     "size,dtype",
-    [((256, 32, 256, 256), torch.float32), ((256, 128, 64, 256), torch.bfloat16), ((512, 64, 512, 512), torch.float16)],
+    [
+        ((256, 32, 256, 256), torch.float32),
+        ((256, 128, 64, 256), torch.bfloat16),
+        ((512, 64, 512, 512), torch.float16),
+        ((128, 256, 512, 512), torch.float32),
+        ((128, 32, 1024, 1024), torch.float32),
+        ((128, 256, 256, 256), torch.float16),
+    ],
     ids=str,
 )
 def test_cuda_inference_peak_memory_at_most_the_loop_of_cells(size, dtype):
     """A forward with no gradient to give (torch.no_grad) keeps nothing for a
     backward: where the gates and cells of every step would take more than
-    16 MiB and T >= 256 (chunks of at least 32 steps, an eighth of the
-    steps), at peak it allocates no more than the loop of lltm_op cells
-    collecting its outputs (the forward that keeps them all allocates about
-    2.5 times that)."""
+    16 MiB and T >= 128 (chunks of at least 32 steps, an eighth of the
+    steps; the cell states of two steps), at peak it allocates no more than
+    the loop of lltm_op cells collecting its outputs (the forward that keeps
+    them all allocates about 2.5 times that). At T128 it is the two cell
+    slots that keep it under (the cuBLAS, resident-weight and block-local
+    paths)."""
     need("cuda")
     args = make_args(*size, dtype=dtype, device="cuda")
     with torch.no_grad():
@@ -2076,6 +2085,35 @@ def test_inference_matches_the_forward(device, dtype, chunks, T, B, F, S, length
     with env(LLTM_OP_SEQUENCE_INFERENCE_CHUNKS=chunks):
         got = torch.ops.lltm_op.sequence_inference(*args, False, bs)
     tol = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 5e-3}[dtype]
+    for name, g, w in zip(("outputs", "h_n", "c_n"), got, want):
+        torch.testing.assert_close(g, w, rtol=tol, atol=tol, msg=name)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("path", list(PACKED_PATHS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("chunks", ["3", "100"])
+@pytest.mark.parametrize("T,B,F,S,lengths", [(13, 5, 9, 40, None), (11, 6, 8, 64, [11, 10, 7, 4, 4, 1])], ids=str)
+def test_cuda_paths_run_inference_in_chunks(path, dtype, chunks, T, B, F, S, lengths):
+    """An inference run in chunks on every CUDA step path, forced: each
+    chunk's kernels keep the cell states in two slots in turn and the next
+    chunk starts from the last one's (chunks of 4 or 6 steps, and of 2; an
+    odd number of steps last), whole and packed. Outputs and final state against the
+    training forward on the same path, which keeps every step's."""
+    need("cuda")
+    if path == "tf32" and dtype != torch.float32:
+        pytest.skip("TF32 is float32's")
+    gen = torch.Generator().manual_seed(T * B + S)
+    args = make_args(T, B, F, S, dtype=dtype, device="cuda", generator=gen)
+    bs = None if lengths is None else batch_sizes_of(lengths, T)
+    if lengths is not None:
+        for r, n in enumerate(lengths):
+            args[0][n:, r] = 0
+    with env(**PACKED_PATHS[path]), tf32_matmul(path == "tf32"):
+        want = seq_forward(*args, path == "tf32", bs)[:3]
+        with env(LLTM_OP_SEQUENCE_INFERENCE_CHUNKS=chunks):
+            got = torch.ops.lltm_op.sequence_inference(*args, path == "tf32", bs)
+    tol = TF32_LIMIT if path == "tf32" else LIMITS[dtype]
     for name, g, w in zip(("outputs", "h_n", "c_n"), got, want):
         torch.testing.assert_close(g, w, rtol=tol, atol=tol, msg=name)
 
