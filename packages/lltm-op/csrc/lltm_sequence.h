@@ -418,9 +418,9 @@ struct ForwardSteps {
   ForwardStep first;  // step 0: h_prev = h0, c_prev = c0; h_n / c_n unused
   void* h_n;
   void* c_n;
-  bool tf32;                   // Dims::tf32
-  const int64_t* batch_sizes;  // see above
-  bool inference = false;      // Dims::inference
+  bool tf32;                     // Dims::tf32
+  const int64_t* batch_sizes;    // see above
+  bool inference = false;        // Dims::inference
   bool alternate_cells = false;  // two cell-state slots, see above
   // W_h ([3S, S], rows of stride w_ld) for kernels that load it once and
   // read it in place (see steps_read_weights); first.w_hT is null then.

@@ -605,8 +605,8 @@ __global__ void __launch_bounds__(32 * kWarps)
     const T* h_prev = stage_rows(stage, t ? outs + (t - 1) * step_state : h0, B, r0, S);
     forward_fused_step<T, true>(B, S, gates + t * step_gates, bias, h_prev, w_hT,
                                 t ? cells_at(t - 1) : c0, outs + t * step_state, cells_at(t),
-                                final_state ? h_n : nullptr,
-                                final_state ? c_n : nullptr, n, n_next);
+                                final_state ? h_n : nullptr, final_state ? c_n : nullptr, n,
+                                n_next);
     if (!last) row_barrier(arrivals, static_cast<unsigned long long>(t + 1) * gridDim.x);
   }
 }
