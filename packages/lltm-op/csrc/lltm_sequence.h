@@ -401,8 +401,9 @@ struct BackwardStep {
 // kernels): step t's pointers are those of step 0 (the first step run) moved
 // by t * step_gates / step_state bytes, except where a step reads the
 // initial state (h0, c0) or writes the final one (h_n, c_n: forward, last
-// step), and the cell states of an inference chunk (alternate_cells: step
-// t's in slot t & 1 of two, as nothing reads them but the next step).
+// step), and the cell states of an inference run (`inference`: step t's in
+// slot t & 1 of two, as nothing reads them but the next step; the kernels'
+// alternate_cells).
 // Backward: the steps t1 - 1 down to t0 of one chunk, as the loop in
 // sequence_backward sets them up one by one.
 //
@@ -418,10 +419,9 @@ struct ForwardSteps {
   ForwardStep first;  // step 0: h_prev = h0, c_prev = c0; h_n / c_n unused
   void* h_n;
   void* c_n;
-  bool tf32;                     // Dims::tf32
-  const int64_t* batch_sizes;    // see above
-  bool inference = false;        // Dims::inference
-  bool alternate_cells = false;  // two cell-state slots, see above
+  bool tf32;                   // Dims::tf32
+  const int64_t* batch_sizes;  // see above
+  bool inference = false;      // Dims::inference; two cell-state slots, see above
   // W_h ([3S, S], rows of stride w_ld) for kernels that load it once and
   // read it in place (see steps_read_weights); first.w_hT is null then.
   const void* w_h = nullptr;
@@ -700,7 +700,6 @@ ForwardResult sequence_forward(const Tensor& input_arg, const Tensor& weights_ar
       all.w_h = weights.const_data_ptr();
       all.w_ld = L;
       all.inference = inference;
-      all.alternate_cells = inference;
       all.first.h = outs + t0 * step_state;
       all.first.c = cells;
       // A chunk's last step writes h_n / c_n of the rows still running; a

@@ -585,7 +585,8 @@ struct ChunkStep {
 // kPacked: bs holds a packed run's batch sizes (see rows_at), which do
 // not increase: a block row whose rows have all ended is done. Without it
 // the kernel is the whole batch's (see backward_persistent_kernel).
-// alternate_cells: step t's cell state in slot t & 1 (ForwardSteps).
+// alternate_cells: step t's cell state in slot t & 1 (an inference run,
+// ForwardSteps).
 template <typename T, bool kPacked>
 __global__ void __launch_bounds__(32 * kWarps)
     forward_persistent_kernel(int64_t steps, int64_t B, int64_t S, T* gates, const T* bias,
@@ -1725,7 +1726,7 @@ struct CudaDev {
           launch_local(kernel, l, s, a.T, a.B, a.S, static_cast<T*>(f.gates),
                        static_cast<const T*>(f.bias), static_cast<const T*>(f.h_prev),
                        static_cast<const T*>(a.w_h), a.w_ld, static_cast<const T*>(f.c_prev),
-                       static_cast<T*>(f.h), static_cast<T*>(f.c), a.alternate_cells,
+                       static_cast<T*>(f.h), static_cast<T*>(f.c), a.inference,
                        static_cast<T*>(a.h_n), static_cast<T*>(a.c_n), s.sizes());
         };
         const bool packed = a.batch_sizes != nullptr;
@@ -1830,13 +1831,12 @@ struct CudaDev {
             constexpr int Q = decltype(qc)::value;
             auto kernel = a.batch_sizes != nullptr ? tc::forward_tc_kernel<T, Q, true, true>
                                                    : tc::forward_tc_kernel<T, Q, false, true>;
-            s.launch_clusters(kernel, c.grid, tc::kTcThreads, c.smem, a.T, a.B, a.S, c.bm,
-                              static_cast<T*>(f.gates), static_cast<const T*>(f.bias),
-                              static_cast<const T*>(h0), static_cast<const T*>(a.w_h), a.w_ld,
-                              static_cast<const T*>(f.c_prev), static_cast<T*>(f.h),
-                              static_cast<T*>(f.c), a.alternate_cells, static_cast<T*>(a.h_n),
-                              static_cast<T*>(a.c_n), s.sizes(),
-                              static_cast<unsigned long long*>(nullptr));
+            s.launch_clusters(
+                kernel, c.grid, tc::kTcThreads, c.smem, a.T, a.B, a.S, c.bm,
+                static_cast<T*>(f.gates), static_cast<const T*>(f.bias), static_cast<const T*>(h0),
+                static_cast<const T*>(a.w_h), a.w_ld, static_cast<const T*>(f.c_prev),
+                static_cast<T*>(f.h), static_cast<T*>(f.c), a.inference, static_cast<T*>(a.h_n),
+                static_cast<T*>(a.c_n), s.sizes(), static_cast<unsigned long long*>(nullptr));
           });
         }
       });
@@ -1856,7 +1856,7 @@ struct CudaDev {
                    static_cast<T*>(f.gates), static_cast<const T*>(f.bias),
                    static_cast<const T*>(h0), static_cast<const T*>(a.w_h), a.w_ld,
                    static_cast<const T*>(f.c_prev), static_cast<T*>(f.h), static_cast<T*>(f.c),
-                   a.alternate_cells, static_cast<T*>(a.h_n), static_cast<T*>(a.c_n), s.sizes(),
+                   a.inference, static_cast<T*>(a.h_n), static_cast<T*>(a.c_n), s.sizes(),
                    counters_of(arrivals));
         });
       }
@@ -1908,7 +1908,7 @@ struct CudaDev {
                static_cast<float*>(f.gates), static_cast<const float*>(f.bias),
                static_cast<const float*>(h0), static_cast<const float*>(a.w_h), a.w_ld,
                static_cast<const float*>(f.c_prev), static_cast<float*>(f.h),
-               static_cast<float*>(f.c), a.alternate_cells, static_cast<float*>(a.h_n),
+               static_cast<float*>(f.c), a.inference, static_cast<float*>(a.h_n),
                static_cast<float*>(a.c_n), s.sizes(), counters_of(arrivals));
     });
     return true;
@@ -1962,9 +1962,8 @@ struct CudaDev {
       kernel<<<grid, 32 * kWarps, stage, opscommon::current_stream(device)>>>(
           a.T, a.B, a.S, static_cast<T*>(f.gates), static_cast<const T*>(f.bias),
           static_cast<const T*>(f.h_prev), static_cast<const T*>(f.w_hT),
-          static_cast<const T*>(f.c_prev), static_cast<T*>(f.h), static_cast<T*>(f.c),
-          a.alternate_cells, static_cast<T*>(a.h_n), static_cast<T*>(a.c_n), ptr_of(bs),
-          counters_of(arrivals));
+          static_cast<const T*>(f.c_prev), static_cast<T*>(f.h), static_cast<T*>(f.c), a.inference,
+          static_cast<T*>(a.h_n), static_cast<T*>(a.c_n), ptr_of(bs), counters_of(arrivals));
       OPSCOMMON_CUDA_CHECK_LAUNCH();
       ran = true;
     });
