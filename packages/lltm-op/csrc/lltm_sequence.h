@@ -397,6 +397,10 @@ struct BackwardStep {
   int64_t rec_splits = 1, rec_stride = 0;
 };
 
+// The slot of step t's cell state in a chunk's cells: t, or t & 1 where the
+// slots alternate (an inference run: only the next step reads a cell state).
+LLTM_HD int64_t cell_slot(int64_t t, bool alternate) { return alternate ? t & 1 : t; }
+
 // Several steps run by the device in one go (the fused path's persistent
 // kernels): step t's pointers are those of step 0 (the first step run) moved
 // by t * step_gates / step_state bytes, except where a step reads the
@@ -667,11 +671,11 @@ ForwardResult sequence_forward(const Tensor& input_arg, const Tensor& weights_ar
     const int64_t t1 = std::min(T, t0 + K), steps = t1 - t0;
     // Chunk slots: step t's gates and cell state at slot t - t0.
     auto slot_gates = [&](int64_t t) { return gates + (t - t0) * step_gates; };
-    auto cell_slot = [&](int64_t i) { return cells + (inference ? i & 1 : i) * step_state; };
-    auto slot_cells = [&](int64_t t) { return cell_slot(t - t0); };
+    auto slot_cells = [&](int64_t t) { return cells + cell_slot(t - t0, inference) * step_state; };
     // The cell state before step t0: the previous chunk's last (step K - 1).
     const void* c_before =
-        t0 ? static_cast<const void*>(cell_slot(K - 1)) : old_cell.const_data_ptr();
+        t0 ? static_cast<const void*>(cells + cell_slot(K - 1, inference) * step_state)
+           : old_cell.const_data_ptr();
     {
       // P = X W_x^T for the chunk's steps, straight into its gates slots.
       Tensor g2 = view_of(r.gates, {steps * B, S3}, {S3, 1});

@@ -594,7 +594,7 @@ __global__ void __launch_bounds__(32 * kWarps)
                               bool alternate_cells, T* h_n, T* c_n, const int64_t* bs,
                               unsigned long long* arrivals) {
   const int64_t step_gates = B * 3 * S, step_state = B * S;
-  auto cells_at = [&](int64_t t) { return cells + (alternate_cells ? t & 1 : t) * step_state; };
+  auto cells_at = [&](int64_t t) { return cells + cell_slot(t, alternate_cells) * step_state; };
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kRows;
   T* stage = stage_memory<T>();
   for (int64_t t = 0; t < steps; ++t) {

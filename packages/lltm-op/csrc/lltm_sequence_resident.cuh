@@ -260,9 +260,9 @@ __global__ void __launch_bounds__(kThreads)
     const bool last = t == steps - 1;
     const bool final_state = kPacked || last;
     float* g_t = gates + t * step_gates;
-    const float* c_prev = t ? cells + (alternate_cells ? (t - 1) & 1 : t - 1) * step_state : c0;
+    const float* c_prev = t ? cells + cell_slot(t - 1, alternate_cells) * step_state : c0;
     float* h = outs + t * step_state;
-    float* c = cells + (alternate_cells ? t & 1 : t) * step_state;
+    float* c = cells + cell_slot(t, alternate_cells) * step_state;
     // Cell e's inputs: the input projection and bias of its three gates,
     // its c_{t-1}; false where it is no cell of this step.
     auto cell_inputs = [&](int e, float (&v)[7]) {

@@ -1286,7 +1286,7 @@ __global__ void __launch_bounds__(kTcThreads, 1)
       T* g_t = gates + t * step_gates;
 #pragma unroll
       for (int g = 0; g < 3; ++g) store_pair(g_t + row * S3 + g * S + j, pre[q][half][g]);
-      store_pair(cells + (alternate_cells ? t & 1 : t) * step_state + i, cv[q][half]);
+      store_pair(cells + cell_slot(t, alternate_cells) * step_state + i, cv[q][half]);
       if (kPacked ? row >= n_next : last) store_pair(c_n + i, cv[q][half]);  // the row's last step
     };
     Pair<T> wpre[kSpread ? Q : 1][3] = {}, wcv[kSpread ? Q : 1] = {};
@@ -1347,7 +1347,7 @@ __global__ void __launch_bounds__(kTcThreads, 1)
         const int64_t i = w.row * S + w.j;
 #pragma unroll
         for (int g = 0; g < 3; ++g) store_pair(g_t + w.row * S3 + g * S + w.j, wpre[k][g]);
-        store_pair(cells + (alternate_cells ? t & 1 : t) * step_state + i, wcv[k]);
+        store_pair(cells + cell_slot(t, alternate_cells) * step_state + i, wcv[k]);
         if (kPacked ? w.row >= n_next : last) store_pair(c_n + i, wcv[k]);
       }
       if (!last) spread_prefetch(t + 1);

@@ -885,7 +885,8 @@ __device__ __forceinline__ void forward_local(int64_t steps, int64_t B, int64_t 
     }
     g_t += step_gates;
     o_t += step_state;
-    c_t += alternate_cells && (t & 1) ? -step_state : step_state;  // slot t & 1 (ForwardSteps)
+    // To slot cell_slot(t + 1, alternate_cells), by an addition.
+    c_t += alternate_cells && (t & 1) ? -step_state : step_state;
     return true;
   };
   for (int64_t t = 0; t < steps; t += 2) {
