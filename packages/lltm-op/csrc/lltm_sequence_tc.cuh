@@ -294,6 +294,110 @@ __device__ __forceinline__ uint4 a_operand(uint4 v) {
   }
 }
 
+// The weight fragments' layouts in shared memory: k permuted (see
+// permuted_k; load_weights), k in order (kNatural, the block-local
+// kernels) and wgmma's canonical one (load_weights_canonical).
+enum class FragLayout { kPermuted, kNatural, kCanonical };
+
+// Whether rows of K elements at `base`, `ld` apart, can be read 16 bytes at
+// a time (load_fragment_rows): K and ld whole 16-byte runs, base aligned.
+template <typename T>
+__device__ __forceinline__ bool rows_vectorizable(const T* base, int64_t ld, int64_t K) {
+  return K % kPerThread<T> == 0 && ld % kPerThread<T> == 0 &&
+         reinterpret_cast<uintptr_t>(base) % 16 == 0;
+}
+
+// A unit of a weight load: slice s's fragments of tile nt in k chunk c (k
+// tiles 2c and 2c + 1), 16 bytes a lane.
+struct FragUnit {
+  int s, c, nt;
+};
+
+// The units (s, c, nt) of `slices` slices of KC chunks by NT tiles, u = (s KC
+// + c) NT + nt, over the block's warps: warp w takes u = w, w + warps, ...,
+// kBatch at a time: all of a batch's load(unit) (global reads) issue before
+// its first store(unit, value). The units advance by additions: with the
+// unit divided out of a running index, the index arithmetic was most of
+// the loads' instructions (about 190 a 16-byte load, Nsight Compute).
+template <int kBatch = 8, typename Load, typename Store>
+__device__ __forceinline__ void for_warp_units(int slices, int KC, int NT, Load load, Store store) {
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const int warps = static_cast<int>(blockDim.x) / 32, units = slices * KC * NT;
+  const int step_nt = warps % NT, step_c = warps / NT % KC, step_s = warps / (NT * KC);
+  FragUnit at{warp / (NT * KC), warp / NT % KC, warp % NT};
+  for (int u0 = warp; u0 < units; u0 += kBatch * warps) {
+    uint4 v[kBatch];
+    FragUnit w[kBatch];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      w[b] = at;
+      v[b] = u0 + b * warps < units ? load(at) : make_uint4(0, 0, 0, 0);
+      at.nt += step_nt;
+      if (at.nt >= NT) at.nt -= NT, ++at.c;
+      at.c += step_c;
+      if (at.c >= KC) at.c -= KC, ++at.s;
+      at.s += step_s;
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      if (u0 + b * warps < units) store(w[b], v[b]);
+    }
+  }
+}
+
+// `slices` slices of KT = 2 KC by NT weight fragments (placed as
+// load_weight_slices places them, or as load_weights_canonical) whose tile
+// nt's column n of slice s is the row row(s, nt, n) (its elements k < K,
+// rows_vectorizable; null: zeros), then no barrier. Lane l of a unit reads
+// row l / 4's run at k = c kChunk + kPerThread (l % 4): the same lane's
+// fragments of the chunk's two k tiles in the permuted layout as they are;
+// in the natural one, k tile 2c + l / 2 % 2's half l % 2 of lanes 4 (l / 4)
+// .. + 3, exchanged with the neighbour lane to store two whole fragments.
+// make_fragment's 2-byte reads cost about 300 instructions a fragment and
+// used a fifth of the sectors they fetched: the weight loads were 70% of a
+// T1 float16 B64 S1024 forward (Nsight Compute). The backward's slices
+// (columns of W_h) keep make_fragment: a load of rows transposed with
+// movmatrix was no faster there.
+template <typename T, FragLayout kLayout, typename Row>
+__device__ __forceinline__ void load_fragment_rows(unsigned char* smem, int slices, int KC, int NT,
+                                                   int64_t K, Row row) {
+  const int KT = 2 * KC, lane = static_cast<int>(threadIdx.x) % 32;
+  const int k_lane = kPerThread<T> * (lane % 4);
+  for_warp_units(
+      slices, KC, NT,
+      [&](const FragUnit& u) {
+        const T* r = row(u.s, u.nt, lane / 4);
+        const int64_t k = static_cast<int64_t>(u.c) * kChunk<T> + k_lane;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (r != nullptr && k < K) v = *reinterpret_cast<const uint4*>(r + k);
+        return v;
+      },
+      [&](const FragUnit& u, uint4 v) {
+        v = a_operand<T>(v);                                // TF32 rounding
+        const int tile = (u.s * KT + 2 * u.c) * NT + u.nt;  // of k tile 2c; + NT: 2c + 1
+        if constexpr (kLayout == FragLayout::kPermuted) {
+          uint2* f = reinterpret_cast<uint2*>(smem);
+          f[tile * 32 + lane] = make_uint2(v.x, v.y);
+          f[(tile + NT) * 32 + lane] = make_uint2(v.z, v.w);
+        } else if constexpr (kLayout == FragLayout::kCanonical) {
+          uint32_t* w = reinterpret_cast<uint32_t*>(smem);
+          w[tile * 64 + lane] = v.x;
+          w[tile * 64 + 32 + lane] = v.y;
+          w[(tile + NT) * 64 + lane] = v.z;
+          w[(tile + NT) * 64 + 32 + lane] = v.w;
+        } else {
+          // Half h's word m is lane m's b0 (h = 0) or b1 (h = 1): lane h = 0
+          // keeps lanes 0 and 1 of the tile, h = 1 lanes 2 and 3.
+          const bool h = lane & 1;
+          const uint32_t s0 = __shfl_xor_sync(0xffffffffu, h ? v.x : v.z, 1);
+          const uint32_t s1 = __shfl_xor_sync(0xffffffffu, h ? v.y : v.w, 1);
+          const uint4 out = h ? make_uint4(s0, v.z, s1, v.w) : make_uint4(v.x, s0, v.y, s1);
+          uint4* f = reinterpret_cast<uint4*>(smem);
+          f[((tile + (lane >> 1 & 1) * NT) * 32 + 4 * (lane / 4) + 2 * h) / 2] = out;
+        }
+      });
+}
+
 // A thread's share of the k range of a product: chunks c0 .. c1 of K-long
 // rows (K a multiple of 8: a thread's 16 bytes of a chunk are all in or
 // all out), set up once before the steps: `first`, the element of chunk c0
@@ -1118,7 +1222,16 @@ __global__ void __launch_bounds__(kTcThreads, 1)
     if (k >= S || j >= S) return 0;
     return bits_of(w_hT_at(w_h, ld_w, k, (nt / Q) * S + j));
   };
-  if constexpr (kWg) {
+  if (rows_vectorizable(w_h, ld_w, S)) {
+    constexpr FragLayout kLayout = kWg ? FragLayout::kCanonical : FragLayout::kPermuted;
+    load_fragment_rows<T, kLayout>(smem, 1, static_cast<int>(KC), NT, S,
+                                   [&](int, int nt, int n) -> const T* {
+                                     const int64_t j = j0 + 8 * (nt % Q) + n;
+                                     return j < S ? w_h + ((nt / Q) * S + j) * ld_w : nullptr;
+                                   });
+    if constexpr (kWg) fence_proxy_async_shared();
+    __syncthreads();
+  } else if constexpr (kWg) {
     load_weights_canonical<T>(reinterpret_cast<uint32_t*>(smem), KT, NT, weight);
   } else {
     load_weights<T>(frag, KT, NT, weight);

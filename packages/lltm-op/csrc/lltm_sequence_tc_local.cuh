@@ -707,12 +707,20 @@ __device__ __forceinline__ void forward_local(int64_t steps, int64_t B, int64_t 
   // Slice w, tile nt = g * Q + q: gate g, columns 8 (Q (first + w) + q) .. + 7
   // (of W_h^T, see w_hT_at).
   if constexpr (!kFma) {
-    load_weight_slices<T, true>(frag, slices, KT, NT,
-                                [&](int w, int64_t k, int nt, int n) -> uint32_t {
-                                  const int64_t j = 8 * (Q * (first + w) + nt % Q) + n;
-                                  if (k >= S || j >= S) return 0;
-                                  return bits_of(w_hT_at(w_h, ld_w, k, (nt / Q) * S + j));
-                                });
+    if (rows_vectorizable(w_h, ld_w, S)) {
+      load_fragment_rows<T, FragLayout::kNatural>(
+          smem, slices, KC, NT, S, [&](int w, int nt, int n) -> const T* {
+            const int64_t j = 8 * (Q * (first + w) + nt % Q) + n;
+            return j < S ? w_h + ((nt / Q) * S + j) * ld_w : nullptr;
+          });
+    } else {
+      load_weight_slices<T, true>(frag, slices, KT, NT,
+                                  [&](int w, int64_t k, int nt, int n) -> uint32_t {
+                                    const int64_t j = 8 * (Q * (first + w) + nt % Q) + n;
+                                    if (k >= S || j >= S) return 0;
+                                    return bits_of(w_hT_at(w_h, ld_w, k, (nt / Q) * S + j));
+                                  });
+    }
   }
   zero_shared(hbuf, 2 * kRows * ld);
   __syncthreads();
