@@ -406,8 +406,7 @@ LLTM_HD int64_t cell_slot(int64_t t, bool alternate) { return alternate ? t & 1 
 // by t * step_gates / step_state bytes, except where a step reads the
 // initial state (h0, c0) or writes the final one (h_n, c_n: forward, last
 // step), and the cell states of an inference run (`inference`: step t's in
-// slot t & 1 of two, as nothing reads them but the next step; the kernels'
-// alternate_cells).
+// slot cell_slot(t, true) of two; the kernels' alternate_cells).
 // Backward: the steps t1 - 1 down to t0 of one chunk, as the loop in
 // sequence_backward sets them up one by one.
 //
