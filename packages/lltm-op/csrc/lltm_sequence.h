@@ -670,11 +670,10 @@ ForwardResult sequence_forward(const Tensor& input_arg, const Tensor& weights_ar
     const int64_t t1 = std::min(T, t0 + K), steps = t1 - t0;
     // Chunk slots: step t's gates and cell state at slot t - t0.
     auto slot_gates = [&](int64_t t) { return gates + (t - t0) * step_gates; };
-    auto slot_cells = [&](int64_t t) { return cells + cell_slot(t - t0, inference) * step_state; };
+    auto slot = [&](int64_t i) { return cells + cell_slot(i, inference) * step_state; };
+    auto slot_cells = [&](int64_t t) { return slot(t - t0); };
     // The cell state before step t0: the previous chunk's last (step K - 1).
-    const void* c_before =
-        t0 ? static_cast<const void*>(cells + cell_slot(K - 1, inference) * step_state)
-           : old_cell.const_data_ptr();
+    const void* c_before = t0 ? static_cast<const void*>(slot(K - 1)) : old_cell.const_data_ptr();
     {
       // P = X W_x^T for the chunk's steps, straight into its gates slots.
       Tensor g2 = view_of(r.gates, {steps * B, S3}, {S3, 1});
