@@ -1114,10 +1114,25 @@ int forward_tc_residency(size_t smem, int optin) {
 // The largest state size that the rule runs on 8 rows a cluster.
 constexpr int64_t kLocalEightRowsMaxS = 256;
 
+// Whether the rule runs a batch of at most 8 rows (one cluster either way)
+// on 8 rows a cluster: S = 128 in 16-bit types, S = 128 to 256 in float32
+// (TF32). H200, T256, kernel time of a call, us, 16 rows against 8 (both
+// directions where they are block-local), B8: float32 S = 128 inference 245
+// against 227, forward+backward 761 against 723; S = 256 414 / 387 and 1273
+// / 1246; bfloat16 S = 128 242 / 230 and 604 / 556; float16 S = 128 228 /
+// 218 and 590 / 552; float32 B5 S = 128 264 / 234 and 742 / 682. Not at
+// 16-bit S = 256 (bfloat16 257 / 303 and 793 / 811, float16 249 / 295 and
+// 788 / 811). Below S = 128, unmeasured (the 16-row plan may take one
+// block there, which 8 rows a cluster cannot).
+template <typename T>
+bool eight_rows_at_small_batch(int64_t S) {
+  return S >= 128 && S <= (sizeof(T) == 4 ? 256 : 128);
+}
+
 // One direction's launch with `rows` batch rows a cluster (tc::kLocalRows,
-// or tc::kLocalEightRows: clusters only; by the rule, `eight_rule`, past
-// B = 8 up to S = 256, where they are at most 8 blocks and take a
-// multiprocessor each).
+// or tc::kLocalEightRows: clusters only; by the rule, `eight_rule`, up to S
+// = 256, where they are at most 8 blocks and take a multiprocessor each:
+// past B = 8, and at B <= 8 where eight_rows_at_small_batch says).
 template <typename T>
 LocalLaunch compute_local_launch_rows(const Dims& d, int device, int sms, int optin, bool forward,
                                       int64_t rows, bool eight_rule = false) {
@@ -1128,7 +1143,10 @@ LocalLaunch compute_local_launch_rows(const Dims& d, int device, int sms, int op
   if (gy > 65535 || d.B * 3 * d.S >= (int64_t(1) << 31)) return launch;
   const int64_t want = env_int("LLTM_OP_SEQUENCE_LOCAL_CLUSTER", 0);
   if (want == 0 && d.S > local_max_s<T>(forward)) return launch;
-  if (eight_rule && (d.B <= tc::kLocalEightRows || d.S > kLocalEightRowsMaxS)) return launch;
+  if (eight_rule && (d.S > kLocalEightRowsMaxS ||
+                     (d.B <= tc::kLocalEightRows && !eight_rows_at_small_batch<T>(d.S)))) {
+    return launch;
+  }
   const int max_c = opscommon::compute_capability_major(device) >= 9 ? tc::kLocalMaxCluster : 1;
   const int tiles = tc::local_tiles(d.S, Q);
   // Without clusters (sm_80 to sm_89), one block up to S = 96 (16-bit) /
@@ -1205,7 +1223,8 @@ LocalLaunch compute_local_launch_rows(const Dims& d, int device, int sms, int op
 // of 8 blocks instead of 16 (float16 B64: 2.83 against 2.98 us a step). At B8
 // (one cluster either way) the float16 forward was slower on 8 (S = 256 1.09
 // against 1.25), bfloat16's and float32's faster (S = 256 1.79 against 1.64;
-// S = 128 1.16 against 1.07): 16 there, as before.
+// S = 128 1.16 against 1.07): 8 there where eight_rows_at_small_batch says
+// (measured again on an H200, both directions).
 // LLTM_OP_SEQUENCE_LOCAL_ROWS=8 or 16 asks for either wherever it fits
 // (tests, benchmarks).
 template <typename T>

@@ -1092,6 +1092,44 @@ def test_cuda_block_local_clusters_match_the_reference(dtype, C, S, packed, spli
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("B", [3, 8], ids=str)
+@pytest.mark.parametrize("S", [120, 128, 256], ids=str)
+def test_cuda_small_batches_take_eight_rows_by_the_rule(dtype, B, S):
+    """At B <= 8 (one cluster either way) the rule runs the block-local
+    kernels on 8 batch rows a cluster at S = 128 in every dtype and up to
+    S = 256 in float32 (TF32), on 16 at S = 120 and 16-bit S = 256: the
+    kernels' row count as their names say, and float64's result within
+    the dtype's error, two backward chunks."""
+    need("cuda")
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("8 rows a cluster are the clusters' variant (sm_90)")
+    T, F = 5, 6
+    gen = torch.Generator().manual_seed(B * S)
+    lengths = [T] * B
+    args = make_args(T, B, F, S, dtype=dtype, device="cuda", generator=gen)
+    args, ref_args, ref, grads = packed_case(args, lengths, gen)
+    out = []
+
+    def run():
+        out.extend(run_op(*args, None)[:3])
+        torch.autograd.backward(out, [g.to("cuda", dtype) for g in grads])
+
+    with env(LLTM_OP_SEQUENCE_TENSOR_CORES="1", LLTM_OP_SEQUENCE_CHUNKS=2), tf32_matmul(True):
+        names = _cuda_kernel_names(run)
+    want = "8" if 128 <= S <= (256 if dtype == torch.float32 else 128) else "16"
+    local = _tc_kernel_args(names, "tc_local")
+    forward = [a for kind, a in local if kind == "forward"]
+    backward = [a for kind, a in local if kind == "backward"]
+    # kRows: the forward's sixth template argument, the backward's last.
+    assert [a[5] for a in forward] == [want], names
+    assert [a[5] for a in backward] == [want] * len(backward), names
+    assert len(backward) == (2 if runs_block_local(S, dtype, "backward") else 0), names
+    limit = TF32_LIMIT if dtype == torch.float32 else LIMITS[dtype]
+    assert_packed_run_matches(out, args, ref, ref_args, grads, lengths, limit)
+
+
+@pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("size", [(3, 1, 4, 40), (5, 5, 6, 136), (2, 8, 3, 264)], ids=str)
 @pytest.mark.parametrize("half_rows", ["1", "0"], ids=["half_rows", "both_halves"])
