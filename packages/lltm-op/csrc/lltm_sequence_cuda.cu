@@ -133,7 +133,12 @@ constexpr int64_t kLtProductMaxMacs = int64_t(1) << 31;
 // algorithm was a SIMT kernel without split-K, 2.6-3.7x the GPU time of
 // aten::mm's split-K kernels (H100, T64-T1024, B8-B256, S128: 227 against
 // 103 us for a T256 B64 backward's four) and slower calls, where the
-// products that were not long-K matched aten::mm's.
+// products that were not long-K matched aten::mm's. On TF32 they stay in
+// cuBLASLt: its kernel there is a 64 x 64 one without split-K too (H200,
+// T256 B64 S128: the four 104 us against aten::mm's 53), but with them in
+// aten::mm the calls were not faster, and at T64 B256 S128 slower (0.81-0.84
+// against 1.15-1.33 ms forward+backward, its host time;
+// bench/results-h200/lltm_sequence_exchange_and_products_0.6.29.md).
 constexpr int64_t kLtFullF32LongKMaxMacs = int64_t(1) << 25;
 
 // A value another block of this launch wrote: from L2, past this SM's L1.
