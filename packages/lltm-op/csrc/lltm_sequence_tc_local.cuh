@@ -201,7 +201,9 @@ struct Exchange {
   // shared memory is contiguous). The pushes cost what their bytes cost:
   // 16-byte stores gathered by shuffles (half or a quarter as many) were
   // slower or the same in every cluster kernel measured, twice the pushes
-  // 8-31% slower (H200; bench/results-h200/lltm_sequence_exchange_and_products_0.6.29.md).
+  // 8-31% slower, and a backward pushing a third of its bytes (one gate's
+  // dG: results wrong, timing only) 16-22% faster (H200;
+  // bench/results-h200/lltm_sequence_exchange_and_products_0.6.29.md).
   template <int N, typename V>
   __device__ __forceinline__ void push(const uint32_t (&off)[N], int64_t b, const V (&v)[N]) const {
     for (int i = 1; i < active; ++i) {
