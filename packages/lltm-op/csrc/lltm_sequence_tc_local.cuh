@@ -198,11 +198,12 @@ struct Exchange {
   // v[n] to the other active blocks' buffers at byte offset off[n] of this
   // block's buffer `b`, counted on their mbarrier of it: a peer's
   // addresses once, then its N stores (a block's window of the cluster's
-  // shared memory is contiguous). The pushes cost what their bytes cost:
-  // 16-byte stores gathered by shuffles (half or a quarter as many) were
-  // slower or the same in every cluster kernel measured, twice the pushes
-  // 8-31% slower, and a backward pushing a third of its bytes (one gate's
-  // dG: results wrong, timing only) 16-22% faster (H200;
+  // shared memory is contiguous). What the pushes cost follows their
+  // bytes, not their store count: 16-byte stores gathered by shuffles
+  // (half or a quarter as many) were slower or the same in every cluster
+  // kernel measured, twice the pushes 8-31% slower, and a backward pushing
+  // a third of its bytes (one gate's dG: results wrong, timing only)
+  // 16-22% faster (H200;
   // bench/results-h200/lltm_sequence_exchange_and_products_0.6.29.md).
   template <int N, typename V>
   __device__ __forceinline__ void push(const uint32_t (&off)[N], int64_t b, const V (&v)[N]) const {
