@@ -742,9 +742,18 @@ unsigned int grid_dim(int64_t v, const char* what) {
 // grid.x is 1) of `threads` threads, grid (grid.x, ceil(B / rows)), `smem`
 // bytes of shared memory a block; fma: full float32's kernels, the product
 // on the FMA units.
+// tc::backward_partial's shape: kb tiles a block, nto column tiles a warp
+// (kb 0: not that kernel).
+struct PartialShape {
+  int kb = 0, nto = 0;
+};
+
 struct LocalLaunch {
   bool ok = false;
   bool fma = false;
+  // The backward by partial sums, for whole batches (a packed one runs
+  // backward_local): see use_partial_sums.
+  PartialShape partial;
   int split = 1;  // warps a column tile (fma; the tensor cores' cluster forward)
   // Batch rows a cluster: 16, or 8 (see tc::kLocalEightRows).
   int rows = static_cast<int>(tc::kLocalRows);
@@ -923,6 +932,44 @@ void with_fma_variant(bool cluster, bool small_k, int split, F&& f) {
     return;
   }
   with_local_variant(cluster, small_k, split, f);
+}
+
+// f(KB, NTo) for the tc::backward_partial shapes built: full float32's
+// (kFma) KB 2 or 4 tiles a block, 2 column tiles a warp (clusters of 8
+// blocks of 2 tiles, or of 4 of 4, at S = 128); the tensor cores' 4 and
+// 4, or 8 and 2 (clusters of 4 or 2 at S = 128).
+template <bool kFma, typename F>
+void with_partial_shape(const PartialShape& p, F&& f) {
+  using Two = std::integral_constant<int, 2>;
+  using Four = std::integral_constant<int, 4>;
+  if constexpr (kFma) {
+    if (p.kb == 2) {
+      f(Two{}, Two{});
+    } else {
+      f(Four{}, Two{});
+    }
+  } else {
+    if (p.kb == 4) {
+      f(Four{}, Four{});
+    } else {
+      f(std::integral_constant<int, 8>{}, Two{});
+    }
+  }
+}
+// The shape of a cluster backward of C blocks of `warps` warps at state
+// size S, where it is built: every block the same tiles, every warp the
+// same columns, all of one block's.
+PartialShape partial_shape(int64_t S, int C, int warps, bool fma) {
+  PartialShape p;
+  if (C < 2 || S % (8 * C) != 0 || (S / 8) % warps != 0) return p;
+  const int kb = static_cast<int>(S / 8 / C), nto = static_cast<int>(S / 8 / warps);
+  const bool built =
+      fma ? nto == 2 && (kb == 2 || kb == 4) : (kb == 4 && nto == 4) || (kb == 8 && nto == 2);
+  if (built) {
+    p.kb = kb;
+    p.nto = nto;
+  }
+  return p;
 }
 
 template <typename F>
@@ -1116,6 +1163,44 @@ int forward_tc_residency(size_t smem, int optin) {
   return per_sm;
 }
 
+// A cluster backward of 8 rows a cluster (`rows`) by partial sums
+// (tc::backward_partial) where its shape is built and its clusters fit
+// with the larger shared memory of it and the packed kernel's (`packed`,
+// which packed batches still run): l.partial set, l.smem the larger.
+// Each block pushes S values a row a step where backward_local pushes 3S
+// (float32: a third of the bytes). Measured (H200, T256, kernel time of
+// the backward): see the results of 0.6.30.
+// LLTM_OP_SEQUENCE_PARTIAL=0 keeps backward_local (tests, benchmarks).
+template <typename T, bool kFma, int KB, int NTo>
+auto partial_kernel() {
+  if constexpr (kFma) {
+    return tc::backward_fma_partial_kernel<KB, NTo>;
+  } else {
+    return tc::backward_tc_partial_kernel<T, KB, NTo>;
+  }
+}
+template <typename T, bool kFma, typename Packed>
+void use_partial_sums(LocalLaunch& l, int64_t rows, int64_t S, int64_t gy, int optin, int sms,
+                      Packed packed) {
+  if (env_int("LLTM_OP_SEQUENCE_PARTIAL", 1) == 0 || rows != tc::kLocalEightRows) return;
+  const int C = static_cast<int>(l.grid.x), warps = l.threads / 32;
+  const PartialShape shape = partial_shape(S, C, warps, kFma);
+  if (shape.kb == 0) return;
+  const size_t smem =
+      std::max(l.smem, tc::partial_backward_smem<T>(kFma, C, shape.kb, warps, shape.nto));
+  if (smem > static_cast<size_t>(optin)) return;
+  bool fits = false;
+  with_partial_shape<kFma>(shape, [&](auto kb, auto nto) {
+    constexpr int KB = decltype(kb)::value, NTo = decltype(nto)::value;
+    fits = std::min(resident_clusters(partial_kernel<T, kFma, KB, NTo>(), C, l.threads, smem, optin,
+                                      sms),
+                    resident_clusters(packed, C, l.threads, smem, optin, sms)) >= gy;
+  });
+  if (!fits) return;
+  l.partial = shape;
+  l.smem = smem;
+}
+
 // The largest state size that the rule runs on 8 rows a cluster.
 constexpr int64_t kLocalEightRowsMaxS = 256;
 
@@ -1203,6 +1288,11 @@ LocalLaunch compute_local_launch_rows(const Dims& d, int device, int sms, int op
                                                          kSplit>)
                       : fits(tc::backward_tc_local_kernel<T, Q, false, kCluster, kSmallK, kRows>,
                              tc::backward_tc_local_kernel<T, Q, true, kCluster, kSmallK, kRows>);
+              if (kCluster && !forward && launch.ok) {
+                use_partial_sums<T, false>(
+                    launch, rows, d.S, gy, optin, sms,
+                    tc::backward_tc_local_kernel<T, Q, true, kCluster, kSmallK, kRows>);
+              }
             });
           });
       if (launch.ok) {
@@ -1319,6 +1409,13 @@ LocalLaunch compute_fma_local_launch(const Dims& d, int device, int sms, int opt
     if (launch.ok) {
       launch.fma = true;
       launch.rows = static_cast<int>(rows);
+      if (!forward && C > 1 && !tc::fma_small_k(d.S)) {
+        with_fma_variant(true, false, split, [&](auto, auto, auto kp) {
+          constexpr int kSplit = decltype(kp)::value;
+          use_partial_sums<float, true>(launch, rows, d.S, gy, optin, sms,
+                                        tc::backward_fma_local_kernel<true, true, false, kSplit>);
+        });
+      }
       return launch;
     }
   }
@@ -1457,22 +1554,24 @@ TcPlan tc_plan(const Tensor& like, const Dims& d) {
   const int64_t shape = env_int("LLTM_OP_SEQUENCE_TC_SHAPE", 0);
   const bool spread = env_int("LLTM_OP_SEQUENCE_SPREAD_CELLS", 1) != 0;
   const bool wgmma = env_int("LLTM_OP_SEQUENCE_WGMMA", 1) != 0;
+  const bool partial = env_int("LLTM_OP_SEQUENCE_PARTIAL", 1) != 0;
   struct Key {
     int device;
     ST st;
     int64_t B, S;
     bool local;
     int64_t cluster, split, rows, fma_split, shape;
-    bool fma, spread, wgmma;
+    bool fma, spread, wgmma, partial;
     bool operator==(const Key& o) const {
       return device == o.device && st == o.st && B == o.B && S == o.S && local == o.local &&
              cluster == o.cluster && split == o.split && rows == o.rows &&
              fma_split == o.fma_split && shape == o.shape && fma == o.fma && spread == o.spread &&
-             wgmma == o.wgmma;
+             wgmma == o.wgmma && partial == o.partial;
     }
   };
   return remembered<TcPlan>(
-      Key{device, st, d.B, d.S, local, cluster, split, rows, fma_split, shape, fma, spread, wgmma},
+      Key{device, st, d.B, d.S, local, cluster, split, rows, fma_split, shape, fma, spread, wgmma,
+          partial},
       [&] {
         return fma ? compute_fma_plan(d, device, local)
                : st == ST::Half
@@ -1799,6 +1898,22 @@ struct CudaDev {
                        static_cast<const T*>(a.c0), static_cast<float*>(a.bias_partial), s.sizes());
         };
         const bool packed = a.batch_sizes != nullptr;
+        if (!packed && l.partial.kb > 0) {
+          auto run_partial = [&](auto fma) {
+            constexpr bool kFma = decltype(fma)::value;
+            with_partial_shape<kFma>(l.partial, [&](auto kb, auto nto) {
+              run(partial_kernel<T, kFma, decltype(kb)::value, decltype(nto)::value>());
+            });
+          };
+          if constexpr (std::is_same_v<T, float>) {
+            if (l.fma) {
+              run_partial(std::true_type{});
+              return;
+            }
+          }
+          run_partial(std::false_type{});
+          return;
+        }
         if constexpr (std::is_same_v<T, float>) {
           if (l.fma) {
             with_fma_variant(

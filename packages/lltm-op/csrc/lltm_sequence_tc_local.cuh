@@ -572,6 +572,37 @@ __device__ __forceinline__ void load_fma_weights(FmaWeights<KM, NT>& w, int64_t 
   }
 }
 
+// acc = part summed over the 8 lane groups (lane / 4), each lane left its
+// own row lane / 4 (elements 0 and 1; 2 and 3 zero), half the rows a
+// round: after the round over lane bit 16, 8, 4 a lane keeps the rows
+// whose bit 4, 2, 1 is that lane bit, so the last leaves it row lane / 4.
+template <int NT>
+__device__ __forceinline__ void sum_lane_groups(const float (&part)[8][NT][2],
+                                                float (&acc)[NT][4]) {
+  const int lane = threadIdx.x & 31;
+  const bool b4 = lane & 16, b3 = lane & 8, b2 = lane & 4;
+  float p4[4][NT][2], p2[2][NT][2];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float lo = part[i][nt][c], hi = part[i + 4][nt][c];
+        p4[i][nt][c] = (b4 ? hi : lo) + __shfl_xor_sync(0xffffffffu, b4 ? lo : hi, 16);
+      }
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const float lo = p4[i][nt][c], hi = p4[i + 2][nt][c];
+        p2[i][nt][c] = (b3 ? hi : lo) + __shfl_xor_sync(0xffffffffu, b3 ? lo : hi, 8);
+      }
+      const float lo = p2[0][nt][c], hi = p2[1][nt][c];
+      acc[nt][c] = (b2 ? hi : lo) + __shfl_xor_sync(0xffffffffu, b2 ? lo : hi, 4);
+      acc[nt][2 + c] = 0.f;
+    }
+  }
+}
+
 // acc = the 8 rows of the state buffer `buf` (row stride ld, KM whole
 // turns; rows past B and k past K zero) times this warp's weights, as the
 // tensor cores' accumulator: elements 0 and 1 this lane's row lane / 4,
@@ -599,30 +630,7 @@ __device__ __forceinline__ void fma_product(float (&acc)[NT][4], const float* bu
       }
     }
   }
-  // The sums over the 8 lane groups, half the rows a round: after the
-  // round over lane bit 16, 8, 4 a lane keeps the rows whose bit 4, 2, 1 is
-  // that lane bit, so the last leaves it row lane / 4.
-  const bool b4 = lane & 16, b3 = lane & 8, b2 = lane & 4;
-  float p4[4][NT][2], p2[2][NT][2];
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-    for (int c = 0; c < 2; ++c) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float lo = part[i][nt][c], hi = part[i + 4][nt][c];
-        p4[i][nt][c] = (b4 ? hi : lo) + __shfl_xor_sync(0xffffffffu, b4 ? lo : hi, 16);
-      }
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const float lo = p4[i][nt][c], hi = p4[i + 2][nt][c];
-        p2[i][nt][c] = (b3 ? hi : lo) + __shfl_xor_sync(0xffffffffu, b3 ? lo : hi, 8);
-      }
-      const float lo = p2[0][nt][c], hi = p2[1][nt][c];
-      acc[nt][c] = (b2 ? hi : lo) + __shfl_xor_sync(0xffffffffu, b2 ? lo : hi, 4);
-      acc[nt][2 + c] = 0.f;
-    }
-  }
+  sum_lane_groups<NT>(part, acc);
 }
 
 // -- per-thread places ----------------------------------------------------------------------
@@ -936,6 +944,124 @@ __global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
 
 // -- backward -------------------------------------------------------------------------------
 //
+// The cells' side of a backward step, shared by backward_local and
+// backward_partial: a thread's inputs, its cells, and the chunk's end.
+
+// A thread's inputs of a backward step (grad_outputs[t], G_t of the three
+// gates, c_{t-1}; two columns a register) for its pairs (half, q).
+template <typename T, int Q>
+struct BackwardInputs {
+  Pair<T> go[2][Q], g[2][Q][3], c[2][Q];
+};
+
+// What the cells read, fixed for the launch: backward_tc_kernel's
+// arguments; one: the pairs are aligned (pairs_aligned).
+template <typename T>
+struct BackwardArgs {
+  const T *go, *ghn, *gates, *cells, *c0;
+  int64_t t0, step_state;
+  bool one;
+};
+
+// Step t's inputs from g_t (its gates) and c_t (its cells: c_{t-1} is
+// c_t - step_state, or c0): as the forward's prefetch_p, straight runs of
+// loads, none skipped (rows past B read row B - 1; a step before the
+// chunk, or grad_outputs where there are none, read valid memory, unused).
+template <typename T, int Q, int kHalves>
+__device__ __forceinline__ void prefetch_backward(BackwardInputs<T, Q>& in,
+                                                  const BackwardArgs<T>& a, const Places<Q>& at,
+                                                  int64_t t, const T* g_t, const T* c_t) {
+  const bool run = t >= a.t0;
+  const T* g_src = run ? g_t : a.gates;
+  const T* c_src = run && t > 0 ? c_t - a.step_state : a.c0;
+  const T* go_src = a.go != nullptr ? a.go + (run ? t : a.t0) * a.step_state : a.cells;
+  auto load_all = [&](auto load) {
+#pragma unroll
+    for (int half = 0; half < kHalves; ++half) {
+#pragma unroll
+      for (int q = 0; q < Q; ++q) {
+        in.go[half][q] = load(go_src + at.state[half][q]);
+#pragma unroll
+        for (int g = 0; g < 3; ++g) in.g[half][q][g] = load(g_src + at.gate[half][q][g]);
+        in.c[half][q] = load(c_src + at.state[half][q]);
+      }
+    }
+  };
+  // One branch for the whole set where the pairs may be unaligned.
+  if (sizeof(T) == 4 || a.one) {
+    load_all([](const T* p) { return load_pair_if<T>(p, true); });
+  } else {
+    load_all([](const T* p) { return load_two<T>(p); });
+  }
+}
+
+// The cell of pair (half, q) with the recurrent gradient rec: v its dG
+// (rounded as stored; zero outside the matrix), dc and the column sums
+// updated. live / row_last: whether the row runs at this step, and whether
+// it is the row's last.
+template <typename T, int Q, typename Math>
+__device__ __forceinline__ void backward_cell(const BackwardInputs<T, Q>& in,
+                                              const BackwardArgs<T>& a, const Places<Q>& at,
+                                              int half, int q, const float (&rec)[2], bool live,
+                                              bool row_last, float (&dc)[2], float (&sums)[3][Q][2],
+                                              Pair<T> (&v)[3]) {
+  // The inputs read whether or not the row runs: see prefetch_backward.
+  float gof[2], gf[3][2], cf[2];
+  floats_of<T>(in.go[half][q], gof);
+  floats_of<T>(in.c[half][q], cf);
+#pragma unroll
+  for (int g = 0; g < 3; ++g) floats_of<T>(in.g[half][q][g], gf[g]);
+#pragma unroll
+  for (int g = 0; g < 3; ++g) v[g] = Pair<T>{};
+  if (!at.ok[half][q]) return;
+  if (a.go == nullptr) gof[0] = gof[1] = 0.f;
+  float d[3][2];
+  backward_pair_from<T, Math>(live, rec, gof,
+                              row_last && a.ghn != nullptr ? a.ghn + at.state[half][q] : nullptr,
+                              gf, cf, dc, d);
+#pragma unroll
+  for (int g = 0; g < 3; ++g) {
+    float r0v, r1v;
+    v[g] = pack_rounded<T>(d[g][0], d[g][1], r0v, r1v);
+    sums[g][q][0] += d[g][0];
+    sums[g][q][1] += d[g][1];
+  }
+}
+
+// The chunk's end: its last step is the earliest, so dc_reg is d c_{t0 - 1},
+// to dc; the column sums over the block's rows (lanes with the same lane %
+// 4 hold the same columns) added to the block's row of partial sums: this
+// thread alone adds to these entries.
+template <typename T, int Q, int kHalves>
+__device__ __forceinline__ void finish_backward(const Places<Q>& at, const float (&dc_reg)[2][Q][2],
+                                                const float (&sums)[3][Q][2], T* dc, float* partial,
+                                                int64_t S) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int half = 0; half < kHalves; ++half) {
+#pragma unroll
+    for (int q = 0; q < Q; ++q) {
+      if (!at.ok[half][q]) continue;
+      float a, b;
+      store_pair(dc + at.state[half][q],
+                 pack_rounded<T>(dc_reg[half][q][0], dc_reg[half][q][1], a, b));
+    }
+  }
+#pragma unroll
+  for (int g = 0; g < 3; ++g) {
+#pragma unroll
+    for (int q = 0; q < Q; ++q) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float v = sum_over_rows(sums[g][q][e]);
+        const int64_t j = at.col + 8 * q + e;
+        if (lane < 4 && j < S) partial[static_cast<int64_t>(blockIdx.y) * 3 * S + g * S + j] += v;
+      }
+    }
+  }
+}
+
+//
 // Steps t1 - 1 down to t0 of a backward chunk, with backward_tc_kernel's
 // arguments and outputs: dG of step t to slot t - t0 of dG (and to shared
 // memory, where the next step's product reads it), the chunk's first step
@@ -1016,42 +1142,14 @@ __device__ __forceinline__ void backward_local(int64_t T_, int64_t t0, int64_t t
   float dc_reg[2][Q][2] = {};
   // Column sums of the block's dG over the chunk (this thread's rows).
   float sums[3][Q][2] = {};
-  // Step t's inputs (grad_outputs[t], G_t of the three gates, c_{t-1}; two
-  // columns a register) in two sets, as the forward's P: step t uses set
+  // Step t's inputs in two sets, as the forward's P: step t uses set
   // (t1 - 1 - t) % 2 and then loads step t - 2 into it.
-  struct Inputs {
-    Pair<T> go[2][Q], g[2][Q][3], c[2][Q];
-  };
+  using Inputs = BackwardInputs<T, Q>;
   Inputs in_set[2] = {};
-  const bool one = pairs_aligned<T>(go, gates, cells, c0);
-  // Step t's inputs from g_t (its gates) and c_t (its cells: c_{t-1} is
-  // c_t - step_state, or c0): as the forward's prefetch_p, straight runs of
-  // loads, none skipped (rows past B read row B - 1; a step before the
-  // chunk, or grad_outputs where there are none, read valid memory, unused).
-  const bool has_go = go != nullptr;
+  const BackwardArgs<T> args{go, ghn, gates,      cells,
+                             c0, t0,  step_state, pairs_aligned<T>(go, gates, cells, c0)};
   auto prefetch = [&](Inputs& in, int64_t t, const T* g_t, const T* c_t) {
-    const bool run = t >= t0;
-    const T* g_src = run ? g_t : gates;
-    const T* c_src = run && t > 0 ? c_t - step_state : c0;
-    const T* go_src = has_go ? go + (run ? t : t0) * step_state : cells;
-    auto load_all = [&](auto load) {
-#pragma unroll
-      for (int half = 0; half < kHalves; ++half) {
-#pragma unroll
-        for (int q = 0; q < Q; ++q) {
-          in.go[half][q] = load(go_src + at.state[half][q]);
-#pragma unroll
-          for (int g = 0; g < 3; ++g) in.g[half][q][g] = load(g_src + at.gate[half][q][g]);
-          in.c[half][q] = load(c_src + at.state[half][q]);
-        }
-      }
-    };
-    // One branch for the whole set where the pairs may be unaligned.
-    if (sizeof(T) == 4 || one) {
-      load_all([](const T* a) { return load_pair_if<T>(a, true); });
-    } else {
-      load_all([](const T* a) { return load_two<T>(a); });
-    }
+    prefetch_backward<T, Q, kHalves>(in, args, at, t, g_t, c_t);
   };
   if (owner) {
     const T* dc_in = t1 - 1 == T_ - 1 ? gcn : dc;
@@ -1101,30 +1199,12 @@ __device__ __forceinline__ void backward_local(int64_t T_, int64_t t0, int64_t t
         const bool row_last = kPacked ? at.row[half] >= n_next : last;
 #pragma unroll
         for (int q = 0; q < Q; ++q) {
-          // The inputs read whether or not the row runs: see prefetch.
-          float gof[2], gf[3][2], cf[2];
-          floats_of<T>(in.go[half][q], gof);
-          floats_of<T>(in.c[half][q], cf);
-#pragma unroll
-          for (int g = 0; g < 3; ++g) floats_of<T>(in.g[half][q][g], gf[g]);
           // Rows done (a packed run) push zeros: the peers count the bytes
           // of every row below B.
-          Pair<T> v[3] = {};
-          if (at.ok[half][q]) {
-            const float rec[2] = {acc[q][2 * half], acc[q][2 * half + 1]};
-            if (!has_go) gof[0] = gof[1] = 0.f;
-            float d[3][2];
-            backward_pair_from<T, Math>(
-                live, rec, gof, row_last && ghn != nullptr ? ghn + at.state[half][q] : nullptr, gf,
-                cf, dc_reg[half][q], d);
-#pragma unroll
-            for (int g = 0; g < 3; ++g) {
-              float r0v, r1v;
-              v[g] = pack_rounded<T>(d[g][0], d[g][1], r0v, r1v);
-              sums[g][q][0] += d[g][0];
-              sums[g][q][1] += d[g][1];
-            }
-          }
+          const float rec[2] = {acc[q][2 * half], acc[q][2 * half + 1]};
+          Pair<T> v[3];
+          backward_cell<T, Q, Math>(in, args, at, half, q, rec, live, row_last, dc_reg[half][q],
+                                    sums, v);
           // dG first to the peers and the block's buffer: the next step
           // waits for it.
           const int64_t b = write_at + at.buf[half][q];
@@ -1163,32 +1243,7 @@ __device__ __forceinline__ void backward_local(int64_t T_, int64_t t0, int64_t t
     step(t - 1, in_set[1]);
   }
   if (!owner || khalf != 0) return;
-  // The chunk's last step is the earliest: its dc is d c_{t0 - 1}.
-#pragma unroll
-  for (int half = 0; half < kHalves; ++half) {
-#pragma unroll
-    for (int q = 0; q < Q; ++q) {
-      if (!at.ok[half][q]) continue;
-      float a, b;
-      store_pair(dc + at.state[half][q],
-                 pack_rounded<T>(dc_reg[half][q][0], dc_reg[half][q][1], a, b));
-    }
-  }
-  // Column sums over the block's 16 rows (lanes with the same lane % 4 hold
-  // the same columns), added to the block's row of partial sums: this
-  // thread alone adds to these entries.
-#pragma unroll
-  for (int g = 0; g < 3; ++g) {
-#pragma unroll
-    for (int q = 0; q < Q; ++q) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const float v = sum_over_rows(sums[g][q][e]);
-        const int64_t j = at.col + 8 * q + e;
-        if (lane < 4 && j < S) partial[static_cast<int64_t>(blockIdx.y) * S3 + g * S + j] += v;
-      }
-    }
-  }
+  finish_backward<T, Q, kHalves>(at, dc_reg, sums, dc, partial, S);
 }
 
 // kRows as forward_tc_local_kernel's.
@@ -1211,6 +1266,305 @@ __global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
                               const int64_t* bs) {
   backward_local<float, kLocalQ, kPacked, kCluster, kSmallK, true, kSplit, kLocalRowsOf<true>>(
       T_, t0, t1, K, B, S, go, ghn, gcn, dG, w_h, ld_w, dc, gates, cells, c0, partial, bs);
+}
+
+// -- backward by partial sums (clusters) ------------------------------------------------------
+//
+// backward_local's cluster kernels push each step's dG, 3S values a row,
+// to every block, whose warps multiply the whole row by their columns of
+// W_h. Here each block multiplies only its own dG columns (the three gates
+// of its KB tiles: K = 24 KB) by those rows of W_h, for all S columns, and
+// pushes each other block the float32 partial sums of that block's
+// columns: S values a row in all, a third of float32's dG bytes and two
+// thirds of a 16-bit one's (what the exchange costs follows its bytes,
+// see Exchange::push). Each block adds the C partial sums of its columns
+// in block order, a fixed order (results do not depend on timing). A step:
+// the cell warps (one a tile) wait for the partial sums of dG_{t+1}, run
+// the cells of step t and write dG_t to the block's buffer; a block
+// barrier; every warp multiplies the buffer by its 8 NTo columns, all one
+// block's, and pushes them there (into its own slots where that is this
+// block). Every block holds KB tiles (S = 8 KB C), 8 rows a cluster, and
+// the batch is whole (a packed one runs backward_local).
+
+// Shared memory of backward_partial: (tensor cores) every warp's weight
+// fragments, two dG buffers of the block's K columns, two sets (one a
+// push's parity) of C slots of partial sums ([8 rows][8 KB] float32, slot
+// c from block c), the mbarriers.
+template <typename T>
+inline size_t partial_backward_smem(bool fma, int C, int KB, int warps, int NTo) {
+  const int64_t K = 24 * KB;
+  const size_t weights = fma ? 0 : static_cast<size_t>(warps) * weight_bytes(k_tiles<T>(K), NTo);
+  return weights + 2 * kLocalEightRows * local_ld<T>(K) * sizeof(T) +
+         2 * static_cast<size_t>(C) * kLocalEightRows * 8 * KB * sizeof(float) + kLocalBarrierBytes;
+}
+
+// The FMA weights of backward_partial: v[m][e][nt][c] the weight at k = 16
+// m + 2 (lane / 4) + e of the block's K, column 8 nt + 2 (lane % 4) + c
+// of the warp's. A struct, like RegChunks, for nvcc 12.4's front end.
+template <int KP, int NT>
+struct FmaPairWeights {
+  float v[KP][2][NT][2];
+};
+
+// acc = the 8 rows of the buffer `buf` (row stride ld, K = 16 KP) times
+// this warp's weights, as fma_product's, the 8 lane groups taking pairs
+// of k (16 consecutive floats a load, no bank conflict; K is a multiple of
+// 16, not always of fma_product's 32).
+template <int KP, int NT>
+__device__ __forceinline__ void fma_pair_product(float (&acc)[NT][4], const float* buf, int64_t ld,
+                                                 const FmaPairWeights<KP, NT>& w) {
+  const int lane = threadIdx.x & 31;
+  const float* a = buf + 2 * (lane >> 2);
+  float part[8][NT][2] = {};
+#pragma unroll
+  for (int m = 0; m < KP; ++m) {
+#pragma unroll
+    for (int r = 0; r < 8; ++r) {
+      const float2 v = *reinterpret_cast<const float2*>(a + r * ld + 16 * m);
+      const float x[2] = {v.x, v.y};
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+          for (int c = 0; c < 2; ++c) part[r][nt][c] = fmaf(x[e], w.v[m][e][nt][c], part[r][nt][c]);
+        }
+      }
+    }
+  }
+  sum_lane_groups<NT>(part, acc);
+}
+
+// acc = the rows of the state buffer at `a` (this lane's ldmatrix address,
+// see a_lane) times the KC chunks of weights in registers, two chunks of
+// A loads in flight, the two k tiles of a chunk in separate chains.
+template <typename T, int NT, int KC>
+__device__ __forceinline__ void tc_partial_product(float (&acc)[NT][4], uint32_t a,
+                                                   const RegChunks<KC, NT>& wr) {
+  constexpr int G = kLocalGroup;
+  float lo[NT][4] = {}, hi[NT][4] = {};
+  uint32_t v[G][2][4];
+#pragma unroll
+  for (int c = 0; c < KC; c += G) {
+    load_a_chunks<T, G>(v, a, c, KC);
+    mma_reg_chunks<T, NT, G, KC>(lo, hi, v, c, KC, wr);
+  }
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[nt][e] = lo[nt][e] + hi[nt][e];
+  }
+}
+
+// backward_local's steps (its arguments and outputs) by partial sums: KB
+// tiles a block, NTo column tiles a warp; kFma: the product on the FMA
+// units (full float32), else on the tensor cores.
+template <typename T, bool kFma, int KB, int NTo>
+__device__ __forceinline__ void backward_partial(int64_t T_, int64_t t0, int64_t t1, int64_t K,
+                                                 int64_t B, int64_t S, const T* go, const T* ghn,
+                                                 const T* gcn, T* dG, const T* w_h, int64_t ld_w,
+                                                 T* dc, const T* gates, const T* cells, const T* c0,
+                                                 float* partial) {
+  constexpr int Q = 1, kHalves = 1;
+  constexpr int64_t kRows = kLocalEightRows;
+  constexpr int KB8 = 8 * KB, KK = 3 * KB8;  // the block's columns; its dG columns
+  static_assert(kFma ? KK % 16 == 0 : KK % kChunk<T> == 0, "whole pairs / chunks of k");
+  constexpr int KC = KK / kChunk<T>, KT = 2 * KC, KP = KK / 16;
+  using Math = std::conditional_t<kFma, AccurateMath, TcMath>;
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int C = static_cast<int>(gridDim.x), rank = static_cast<int>(blockIdx.x);
+  const int warps = static_cast<int>(blockDim.x >> 5);
+  const int w = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
+  const int64_t S3 = 3 * S, step_gates = B * S3, step_state = B * S;
+  const int64_t ld = local_ld<T>(KK);
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kRows;
+  const int rows = static_cast<int>(local_rows(B, r0, kRows));
+  uint2* frag = reinterpret_cast<uint2*>(smem);
+  T* gbuf = reinterpret_cast<T*>(smem + (kFma ? 0 : warps * weight_bytes(KT, NTo)));
+  float* slots = reinterpret_cast<float*>(gbuf + 2 * kRows * ld);
+  const uint64_t* bars = reinterpret_cast<const uint64_t*>(slots + 2 * C * kRows * KB8);
+  // Column k of the block's dG (gate k / KB8, tile column k % KB8 of the
+  // block's first tile on) is row w_row(k) of W_h.
+  const int64_t first_col = int64_t(KB8) * rank;
+  auto w_row = [&](int64_t k) { return (k / KB8) * S + first_col + k % KB8; };
+  // This warp's columns: out0 .. out0 + 8 NTo - 1, block dest's from its
+  // column at_dest.
+  const int out0 = 8 * NTo * w, dest = out0 / KB8, at_dest = out0 % KB8;
+  if constexpr (!kFma) {
+    load_weight_slices<T, true>(frag, warps, KT, NTo,
+                                [&](int s, int64_t k, int nt, int n) -> uint32_t {
+                                  if (k >= KK) return 0;
+                                  return bits_of(w_h[w_row(k) * ld_w + 8 * (NTo * s + nt) + n]);
+                                });
+  }
+  zero_shared(gbuf, 2 * kRows * ld);
+  zero_shared(slots, 2 * C * kRows * KB8);
+  __syncthreads();  // zero before the copy below writes
+  Exchange x;
+  x.buf = shared_address(slots);
+  x.bar = shared_address(bars);
+  x.rank = rank;
+  x.active = C;
+  x.tx = static_cast<uint32_t>((C - 1) * rows * KB8 * sizeof(float));
+  if (threadIdx.x == 0) {
+    mbarrier_init(x.bar, static_cast<uint32_t>(warps));
+    mbarrier_init(x.bar + 8, static_cast<uint32_t>(warps));
+  }
+  // The chunk's first step reads the later chunk's last dG (slot K): the
+  // block's columns of it into buffer 0, push 0. Push n holds the partial
+  // sums of dG_{n_base - n}.
+  const bool from_later = t1 < T_;
+  const int64_t n_base = from_later ? t1 : t1 - 1;
+  if (from_later) {
+    const T* src = dG + K * step_gates + r0 * S3;
+    batched_copy(
+        rows * KK, [&](int e) { return operand_of<T, kFma>(src[(e / KK) * S3 + w_row(e % KK)]); },
+        [&](int e, T v) { gbuf[(e / KK) * ld + e % KK] = v; });
+  }
+  __syncthreads();  // the weight fragments are in shared memory
+  RegChunks<kFma ? 0 : KC, NTo> wr;
+  if constexpr (!kFma) load_reg_chunks<NTo, KC>(wr, frag + w * KT * NTo * 32, KC);
+  FmaPairWeights<kFma ? KP : 1, NTo> wf;
+  if constexpr (kFma) {
+#pragma unroll
+    for (int m = 0; m < KP; ++m) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int64_t k = 16 * m + 2 * (lane >> 2) + e;
+#pragma unroll
+        for (int nt = 0; nt < NTo; ++nt) {
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            wf.v[m][e][nt][c] = to_acc(w_h[w_row(k) * ld_w + out0 + 8 * nt + 2 * (lane & 3) + c]);
+          }
+        }
+      }
+    }
+  }
+  const uint32_t a_of_buf = a_lane<T, kRows>(shared_address(gbuf), ld, lane);
+  const uint32_t buf_bytes = static_cast<uint32_t>(kRows * ld * sizeof(T));
+  local_barrier<true>();  // the cluster's slots and mbarriers are ready before a push
+
+  // Push n: the block's dG buffer n % 2 times this warp's columns, to
+  // their block's slot `rank` of set n % 2; then this warp's arrival.
+  const int row = lane >> 2;
+  auto push = [&](int64_t n) {
+    const int b = static_cast<int>(n & 1);
+    float acc[NTo][4];
+    if constexpr (kFma) {
+      fma_pair_product<KP, NTo>(acc, gbuf + b * kRows * ld, ld, wf);
+    } else {
+      tc_partial_product<T, NTo, KC>(acc, a_of_buf + b * buf_bytes, wr);
+    }
+    if (row < rows) {
+      const int off =
+          ((b * C + rank) * static_cast<int>(kRows) + row) * KB8 + at_dest + 2 * (lane & 3);
+      if (dest == rank) {
+#pragma unroll
+        for (int nt = 0; nt < NTo; ++nt) {
+          *reinterpret_cast<float2*>(slots + off + 8 * nt) = make_float2(acc[nt][0], acc[nt][1]);
+        }
+      } else {
+        const uint32_t to = cluster_address(x.buf, static_cast<uint32_t>(dest));
+        const uint32_t bar = cluster_address(x.bar_of(b), static_cast<uint32_t>(dest));
+#pragma unroll
+        for (int nt = 0; nt < NTo; ++nt) {
+          store_async(to + 4 * (off + 8 * nt), make_float2(acc[nt][0], acc[nt][1]), bar);
+        }
+      }
+    }
+    x.arrive(b);
+  };
+  if (from_later) push(0);
+
+  // The cells: warp w < KB, tile rank KB + w, this lane's row and pair.
+  const bool cell_warp = w < KB;
+  const Places<Q> at(B, S, r0, ld, rank * KB + w, lane);
+  float dc_reg[2][Q][2] = {};
+  float sums[3][Q][2] = {};
+  using Inputs = BackwardInputs<T, Q>;
+  Inputs in_set[2] = {};
+  const BackwardArgs<T> args{go, ghn, gates,      cells,
+                             c0, t0,  step_state, pairs_aligned<T>(go, gates, cells, c0)};
+  const T* g_t = gates + (t1 - 1) * step_gates;
+  const T* c_t = cells + (t1 - 1) * step_state;
+  T* dg_t = dG + (t1 - 1 - t0) * step_gates;
+  if (cell_warp) {
+    const T* dc_in = t1 - 1 == T_ - 1 ? gcn : dc;
+    if (at.ok[0][0] && dc_in != nullptr) load_floats(dc_in + at.state[0][0], dc_reg[0][0]);
+    prefetch_backward<T, Q, kHalves>(in_set[0], args, at, t1 - 1, g_t, c_t);
+    prefetch_backward<T, Q, kHalves>(in_set[1], args, at, t1 - 2, g_t - step_gates,
+                                     c_t - step_state);
+  }
+  // This lane's place in the slots (set 0, slot 0) and in the dG buffers.
+  const int slot_at = row * KB8 + 8 * w + 2 * (lane & 3);
+  const int64_t buf_at = row * ld + 8 * w + 2 * (lane & 3);
+
+  auto step = [&](int64_t t, Inputs& in) {
+    const bool last = t == T_ - 1;
+    if (cell_warp) {
+      // The partial sums of dG_{t+1}, none at the last step.
+      float rec[2] = {0.f, 0.f};
+      if (!last) {
+        const int64_t n = n_base - (t + 1);
+        x.wait(n & 1, n >> 1);
+        const float* from = slots + (n & 1) * C * kRows * KB8 + slot_at;
+        for (int c = 0; c < C; ++c) {
+          const float2 v = *reinterpret_cast<const float2*>(from + c * kRows * KB8);
+          rec[0] += v.x;
+          rec[1] += v.y;
+        }
+      }
+      Pair<T> v[3];
+      backward_cell<T, Q, Math>(in, args, at, 0, 0, rec, true, last, dc_reg[0][0], sums, v);
+      if (t > t0) {  // the chunk's earliest dG multiplies nothing here
+        T* to = gbuf + ((n_base - t) & 1) * kRows * ld + buf_at;
+#pragma unroll
+        for (int g = 0; g < 3; ++g) store_pair(to + g * KB8, operand_pair<T, kFma>(v[g]));
+      }
+      if (at.ok[0][0]) {
+#pragma unroll
+        for (int g = 0; g < 3; ++g) store_pair(dg_t + at.gate[0][0][g], v[g]);
+      }
+      prefetch_backward<T, Q, kHalves>(in, args, at, t - 2, g_t - 2 * step_gates,
+                                       c_t - 2 * step_state);
+    }
+    if (t > t0) {
+      __syncthreads();  // dG_t in the buffer before the warps multiply it
+      push(n_base - t);
+    }
+    g_t -= step_gates;
+    c_t -= step_state;
+    dg_t -= step_gates;
+  };
+  for (int64_t t = t1 - 1; t >= t0; t -= 2) {
+    step(t, in_set[0]);
+    if (t - 1 < t0) break;
+    step(t - 1, in_set[1]);
+  }
+  if (cell_warp) finish_backward<T, Q, kHalves>(at, dc_reg, sums, dc, partial, S);
+}
+
+// KB, NTo as backward_partial's; kernels named as their families'.
+template <typename T, int KB, int NTo>
+__global__ void __launch_bounds__(local_max_threads<true>(), 1)
+    backward_tc_partial_kernel(int64_t T_, int64_t t0, int64_t t1, int64_t K, int64_t B, int64_t S,
+                               const T* go, const T* ghn, const T* gcn, T* dG, const T* w_h,
+                               int64_t ld_w, T* dc, const T* gates, const T* cells, const T* c0,
+                               float* partial, const int64_t* /*bs: whole batches only*/) {
+  backward_partial<T, false, KB, NTo>(T_, t0, t1, K, B, S, go, ghn, gcn, dG, w_h, ld_w, dc, gates,
+                                      cells, c0, partial);
+}
+// Full float32 (no TF32): the product on the FMA units.
+template <int KB, int NTo>
+__global__ void __launch_bounds__(local_max_threads<true>(), 1)
+    backward_fma_partial_kernel(int64_t T_, int64_t t0, int64_t t1, int64_t K, int64_t B, int64_t S,
+                                const float* go, const float* ghn, const float* gcn, float* dG,
+                                const float* w_h, int64_t ld_w, float* dc, const float* gates,
+                                const float* cells, const float* c0, float* partial,
+                                const int64_t* /*bs: whole batches only*/) {
+  backward_partial<float, true, KB, NTo>(T_, t0, t1, K, B, S, go, ghn, gcn, dG, w_h, ld_w, dc,
+                                         gates, cells, c0, partial);
 }
 
 }  // namespace tc

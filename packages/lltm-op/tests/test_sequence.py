@@ -883,8 +883,9 @@ PATHS = {
     },
 }
 
-# A tensor-core kernel's name: the global-barrier or the block-local one.
-_TC_KERNEL = {d: re.compile(rf"{d}_tc(_local)?_kernel<") for d in ("forward", "backward")}
+# A tensor-core kernel's name: the global-barrier or a block-local one (the
+# backward's by partial sums too).
+_TC_KERNEL = {d: re.compile(rf"{d}_tc(_local|_partial)?_kernel<") for d in ("forward", "backward")}
 
 
 def count_tc(names: list[str], direction: str, local: bool | None = None) -> int:
@@ -1081,12 +1082,16 @@ def test_cuda_block_local_clusters_match_the_reference(dtype, C, S, packed, spli
     assert count_tc(names, "backward", True) == 2, names
     local = _tc_kernel_args(names, "tc_local")
     forward = [a for kind, a in local if kind == "forward"]
-    backward = [a for kind, a in local if kind == "backward"]
     # kSplit: the forward's last template argument; kRows: the forward's
-    # sixth, the backward's last.
+    # sixth, the backward's last (the backward by partial sums has 8).
+    backward = [a[5] for kind, a in local if kind == "backward"]
+    partial = _tc_kernel_args(names, "tc_partial")
+    backward += ["8"] * len(partial)
     assert [a[6] == "2" for a in forward] == [splits and split == 2], forward
     assert [a[5] for a in forward] == [str(rows)], forward
-    assert [a[5] for a in backward] == [str(rows)] * 2, backward
+    assert backward == [str(rows)] * 2, backward
+    warps_a_block = tiles_a_block if C > 1 else 0
+    assert len(partial) == (2 * partial_backward_built(S, C, warps_a_block, False, rows, packed)), names
     limit = TF32_LIMIT if dtype == torch.float32 else LIMITS[dtype]
     assert_packed_run_matches(out, args, ref, ref_args, grads, lengths, limit)
 
@@ -1120,10 +1125,12 @@ def test_cuda_small_batches_take_eight_rows_by_the_rule(dtype, B, S):
     want = "8" if 128 <= S <= (256 if dtype == torch.float32 else 128) else "16"
     local = _tc_kernel_args(names, "tc_local")
     forward = [a for kind, a in local if kind == "forward"]
-    backward = [a for kind, a in local if kind == "backward"]
-    # kRows: the forward's sixth template argument, the backward's last.
+    # kRows: the forward's sixth template argument, the backward's last
+    # (the backward by partial sums has 8).
+    backward = [a[5] for kind, a in local if kind == "backward"]
+    backward += ["8"] * len(_tc_kernel_args(names, "tc_partial"))
     assert [a[5] for a in forward] == [want], names
-    assert [a[5] for a in backward] == [want] * len(backward), names
+    assert backward == [want] * len(backward), names
     assert len(backward) == (2 if runs_block_local(S, dtype, "backward") else 0), names
     limit = TF32_LIMIT if dtype == torch.float32 else LIMITS[dtype]
     assert_packed_run_matches(out, args, ref, ref_args, grads, lengths, limit)
@@ -1530,14 +1537,101 @@ def test_cuda_fma_local_kernels_run_and_match_the_reference(size, cluster, packe
     split_env = {} if split is None else {"LLTM_OP_SEQUENCE_FMA_SPLIT": split}
     with env(LLTM_OP_SEQUENCE_CHUNKS=chunks, **cluster_env, **split_env), tf32_matmul(False):
         names = _cuda_kernel_names(run)
+    # The backward's warps a block: its tiles times the warps a tile (4, 2
+    # past S = 64 in clusters, else 1); by partial sums where that is built.
+    tiles_a_block = ((S + 7) // 8 + C - 1) // C
+    backward_split = 4 if four else 2 if S > 64 and C > 1 else 1
+    partial = partial_backward_built(S, C, tiles_a_block * backward_split, True, 8, packed)
+    backward = "backward_fma_partial_kernel" if partial else "backward_fma_local_kernel"
     assert sum("forward_fma_local_kernel" in n for n in names) == 1, names
-    assert sum("backward_fma_local_kernel" in n for n in names) == chunks, names
+    assert sum(backward in n for n in names) == chunks, names
     # kSplit: the last template argument.
     fma = _tc_kernel_args(names, "fma_local")
     assert all((a[-1] == "4") == (four and kind == "backward") for kind, a in fma), fma
     assert count_tc(names, "forward") == count_tc(names, "backward") == 0, names
     assert not any("resident_kernel" in n or "cell_kernel" in n or "fused_kernel" in n for n in names), names
     assert_packed_run_matches(out, args, ref, ref_args, grads, lengths, 1e-5)
+
+
+def partial_backward_built(S: int, C: int, warps: int, fma: bool, rows: int = 8, packed: bool = False) -> bool:
+    """Whether the cluster backward of C blocks of `warps` warps at state
+    size S runs by partial sums (tc::backward_partial; the rule of
+    use_partial_sums and partial_shape): a whole batch, 8 rows a cluster,
+    every block the same tiles (kb) and every warp the same columns (nto
+    tiles), all of one block's, in a shape that is built: on the FMA units
+    (fma) past S = 64 (its small-K variant keeps backward_local) kb 2 or 4
+    and nto 2, on the tensor cores kb 4 and nto 4 or kb 8 and nto 2."""
+    if packed or rows != 8 or C < 2 or warps < 1 or S % (8 * C) != 0 or (S // 8) % warps != 0:
+        return False
+    if fma and S <= 64:
+        return False
+    kb, nto = S // 8 // C, S // 8 // warps
+    return (nto == 2 and kb in (2, 4)) if fma else (kb, nto) in ((4, 4), (8, 2))
+
+
+# The backward by partial sums' cases: dtype and TF32 (float32 without it
+# runs on the FMA units).
+PARTIAL_CASES = {
+    "f32_tf32": (torch.float32, True),
+    "f32_full": (torch.float32, False),
+    "bf16": (torch.bfloat16, True),
+    "f16": (torch.float16, True),
+}
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("case", list(PARTIAL_CASES))
+@pytest.mark.parametrize("T,B", [(1, 3), (7, 37)], ids=str)
+@pytest.mark.parametrize("cluster", [None, 2, 4, 8], ids=["rule", "C2", "C4", "C8"])
+@pytest.mark.parametrize("packed", [False, True], ids=["whole", "packed"])
+@pytest.mark.parametrize("partial", ["1", "0"], ids=["partial_sums", "dG_pushed"])
+def test_cuda_backward_by_partial_sums_matches_the_reference(case, T, B, cluster, packed, partial):
+    """The cluster backward at S = 128 on 8 rows a cluster where each block
+    pushes the partial sums of its dG's recurrent product, S values a row,
+    instead of its dG (3S): it runs for whole batches where its shape is
+    built (the tensor cores' clusters of 4 blocks, the rule's, and of 2;
+    the FMA units' of 8, the rule's at these batches, and of 4), a packed
+    batch and LLTM_OP_SEQUENCE_PARTIAL=0 run backward_local, and every run
+    matches float64 within its dtype's error: T = 1 (no recurrent
+    product), T = 7 over two backward chunks (the later chunk's last dG
+    read from global memory), B = 3 and 37 (part-filled clusters)."""
+    need("cuda")
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the cluster kernels need sm_90 or newer")
+    dtype, tf32 = PARTIAL_CASES[case]
+    fma = dtype == torch.float32 and not tf32
+    S, F = 128, 6
+    if fma and not runs_fma_local(S, B, cluster):
+        pytest.skip("those block-local kernels do not run at this size on this GPU")
+    C = fma_cluster(S, B, cluster) if fma else (cluster or 4)
+    # Warps a block: the FMA backward's tiles times 4 warps a tile (2 where
+    # a block has more than 2 tiles); the tensor cores' one a tile.
+    tiles_a_block = 16 // C
+    warps = tiles_a_block * (4 if tiles_a_block <= 2 else 2) if fma else tiles_a_block
+    built = partial == "1" and partial_backward_built(S, C, warps, fma, 8, packed)
+    gen = torch.Generator().manual_seed(T * B + C + packed)
+    lengths = random_lengths(T, B, gen) if packed else [T] * B
+    args = make_args(T, B, F, S, dtype=dtype, device="cuda", generator=gen)
+    args, ref_args, ref, grads = packed_case(args, lengths, gen)
+    bs = batch_sizes_of(lengths, T) if packed else None
+    chunks = min(2, T)
+    out = []
+
+    def run():
+        out.extend(run_op(*args, bs)[:3])
+        torch.autograd.backward(out, [g.to("cuda", dtype) for g in grads])
+
+    cluster_env = {} if cluster is None else {"LLTM_OP_SEQUENCE_LOCAL_CLUSTER": cluster}
+    with (
+        env(LLTM_OP_SEQUENCE_PARTIAL=partial, LLTM_OP_SEQUENCE_CHUNKS=chunks, **cluster_env),
+        tf32_matmul(tf32),
+    ):
+        names = _cuda_kernel_names(run)
+    family = "fma" if fma else "tc"
+    assert sum(f"backward_{family}_partial_kernel" in n for n in names) == (chunks if built else 0), names
+    assert sum(f"backward_{family}_local_kernel" in n for n in names) == (0 if built else chunks), names
+    limit = 1e-5 if fma else TF32_LIMIT if dtype == torch.float32 else LIMITS[dtype]
+    assert_packed_run_matches(out, args, ref, ref_args, grads, lengths, limit)
 
 
 # The packed runs' paths: PATHS, and float32 on TF32 tensor cores.
