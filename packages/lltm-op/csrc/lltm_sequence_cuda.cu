@@ -1168,8 +1168,13 @@ int forward_tc_residency(size_t smem, int optin) {
 // with the larger shared memory of it and the packed kernel's (`packed`,
 // which packed batches still run): l.partial set, l.smem the larger.
 // Each block pushes S values a row a step where backward_local pushes 3S
-// (float32: a third of the bytes). Measured (H200, T256, kernel time of
-// the backward): see the results of 0.6.30.
+// (float32: a third of the bytes). Measured (H200, T256, us of the
+// backward kernel, backward_local against this): float32 TF32 B8 498 /
+// 343, B64 503 / 352, B256 623 / 476; full float32 B8 457 / 393, B64 502
+// / 421; bfloat16 B8 332 / 296; float16 B64 342 / 294
+// (bench/results-h200/lltm_sequence_backward_partial_sums_0.6.30.md).
+// Full float32 at B256 keeps backward_local: its rule gives the backward
+// one warp a tile there (4 warps a block), a shape not built.
 // LLTM_OP_SEQUENCE_PARTIAL=0 keeps backward_local (tests, benchmarks).
 template <typename T, bool kFma, int KB, int NTo>
 auto partial_kernel() {

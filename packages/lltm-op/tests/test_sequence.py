@@ -1537,16 +1537,21 @@ def test_cuda_fma_local_kernels_run_and_match_the_reference(size, cluster, packe
     split_env = {} if split is None else {"LLTM_OP_SEQUENCE_FMA_SPLIT": split}
     with env(LLTM_OP_SEQUENCE_CHUNKS=chunks, **cluster_env, **split_env), tf32_matmul(False):
         names = _cuda_kernel_names(run)
-    # The backward's warps a block: its tiles times the warps a tile (4, 2
-    # past S = 64 in clusters, else 1); by partial sums where that is built.
-    tiles_a_block = ((S + 7) // 8 + C - 1) // C
-    backward_split = 4 if four else 2 if S > 64 and C > 1 else 1
-    partial = partial_backward_built(S, C, tiles_a_block * backward_split, True, 8, packed)
-    backward = "backward_fma_partial_kernel" if partial else "backward_fma_local_kernel"
     assert sum("forward_fma_local_kernel" in n for n in names) == 1, names
-    assert sum(backward in n for n in names) == chunks, names
     # kSplit: the last template argument.
     fma = _tc_kernel_args(names, "fma_local")
+    # The backward by partial sums runs exactly where its shape is built for
+    # the backward's warps a block: its tiles times the warps a tile that the
+    # rule gave it (backward_local's kSplit; the rule takes fewer where the
+    # clusters of more do not fit, as at B250 on an H200).
+    tiles_a_block = ((S + 7) // 8 + C - 1) // C
+    local_backward = [a for kind, a in fma if kind == "backward"]
+    partial = [a for _, a in _tc_kernel_args(names, "fma_partial")]
+    assert len(local_backward) + len(partial) == chunks, names
+    for a in local_backward:
+        assert not partial_backward_built(S, C, tiles_a_block * int(a[-1]), True, 8, packed), a
+    for kb, nto in partial:
+        assert int(kb) == tiles_a_block and partial_backward_built(S, C, S // 8 // int(nto), True, 8, packed)
     assert all((a[-1] == "4") == (four and kind == "backward") for kind, a in fma), fma
     assert count_tc(names, "forward") == count_tc(names, "backward") == 0, names
     assert not any("resident_kernel" in n or "cell_kernel" in n or "fused_kernel" in n for n in names), names
