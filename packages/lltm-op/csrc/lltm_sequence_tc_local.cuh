@@ -547,22 +547,25 @@ __device__ __forceinline__ void combine_halves(float (&acc)[NT][4], float* scrat
 }
 
 // v[m][e][nt][c] (an array of one turn where KM is 0, unused). A struct,
-// like RegChunks, for nvcc 12.4's front end.
-template <int KM, int NT>
+// like RegChunks, for nvcc 12.4's front end. E: the k of a turn each lane
+// group takes, 4 (turns of kFmaK = 32) or 2 (turns of 16: the backward by
+// partial sums, whose K is a multiple of 16, not always of 32).
+template <int KM, int NT, int E = 4>
 struct FmaWeights {
-  float v[KM > 0 ? KM : 1][4][NT][2];
+  float v[KM > 0 ? KM : 1][E][NT][2];
 };
 
 // This lane's weights of turns m0 .. m0 + KM - 1: w.v[m][e][nt][c] = at(k,
-// nt, c) for k = 32 (m0 + m) + 4 g + e below K, zero past it.
-template <int KM, int NT, typename At>
-__device__ __forceinline__ void load_fma_weights(FmaWeights<KM, NT>& w, int64_t K, int m0, At at) {
+// nt, c) for k = 8 E (m0 + m) + E g + e below K, zero past it.
+template <int KM, int NT, int E = 4, typename At>
+__device__ __forceinline__ void load_fma_weights(FmaWeights<KM, NT, E>& w, int64_t K, int m0,
+                                                 At at) {
   const int g = (threadIdx.x & 31) >> 2;
 #pragma unroll
   for (int m = 0; m < KM; ++m) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int64_t k = int64_t(kFmaK) * (m0 + m) + 4 * g + e;
+    for (int e = 0; e < E; ++e) {
+      const int64_t k = int64_t(8 * E) * (m0 + m) + E * g + e;
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
@@ -603,25 +606,43 @@ __device__ __forceinline__ void sum_lane_groups(const float (&part)[8][NT][2],
   }
 }
 
+// E consecutive floats at p (16 or 8 bytes, aligned).
+template <int E>
+__device__ __forceinline__ void load_consecutive(const float* p, float (&x)[E]) {
+  static_assert(E == 4 || E == 2, "16 or 8 bytes");
+  if constexpr (E == 4) {
+    const float4 v = *reinterpret_cast<const float4*>(p);
+    x[0] = v.x;
+    x[1] = v.y;
+    x[2] = v.z;
+    x[3] = v.w;
+  } else {
+    const float2 v = *reinterpret_cast<const float2*>(p);
+    x[0] = v.x;
+    x[1] = v.y;
+  }
+}
+
 // acc = the 8 rows of the state buffer `buf` (row stride ld, KM whole
 // turns; rows past B and k past K zero) times this warp's weights, as the
 // tensor cores' accumulator: elements 0 and 1 this lane's row lane / 4,
 // columns 2 (lane % 4) + {0, 1} of tile nt; 2 and 3 (the second row half)
-// zero.
-template <int KM, int NT>
+// zero. A turn's loads (E floats a lane group) are 8 E consecutive floats
+// of a row: no bank conflict.
+template <int KM, int NT, int E = 4>
 __device__ __forceinline__ void fma_product(float (&acc)[NT][4], const float* buf, int64_t ld,
-                                            const FmaWeights<KM, NT>& w) {
+                                            const FmaWeights<KM, NT, E>& w) {
   const int lane = threadIdx.x & 31;
-  const float* a = buf + 4 * (lane >> 2);
+  const float* a = buf + E * (lane >> 2);
   float part[8][NT][2] = {};
 #pragma unroll
   for (int m = 0; m < KM; ++m) {
 #pragma unroll
     for (int r = 0; r < 8; ++r) {
-      const float4 v = *reinterpret_cast<const float4*>(a + r * ld + kFmaK * m);
-      const float x[4] = {v.x, v.y, v.z, v.w};
+      float x[E];
+      load_consecutive<E>(a + r * ld + 8 * E * m, x);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
+      for (int e = 0; e < E; ++e) {
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
@@ -1298,43 +1319,6 @@ inline size_t partial_backward_smem(bool fma, int C, int KB, int warps, int NTo)
          2 * static_cast<size_t>(C) * kLocalEightRows * 8 * KB * sizeof(float) + kLocalBarrierBytes;
 }
 
-// The FMA weights of backward_partial: v[m][e][nt][c] the weight at k = 16
-// m + 2 (lane / 4) + e of the block's K, column 8 nt + 2 (lane % 4) + c
-// of the warp's. A struct, like RegChunks, for nvcc 12.4's front end.
-template <int KP, int NT>
-struct FmaPairWeights {
-  float v[KP][2][NT][2];
-};
-
-// acc = the 8 rows of the buffer `buf` (row stride ld, K = 16 KP) times
-// this warp's weights, as fma_product's, the 8 lane groups taking pairs
-// of k (16 consecutive floats a load, no bank conflict; K is a multiple of
-// 16, not always of fma_product's 32).
-template <int KP, int NT>
-__device__ __forceinline__ void fma_pair_product(float (&acc)[NT][4], const float* buf, int64_t ld,
-                                                 const FmaPairWeights<KP, NT>& w) {
-  const int lane = threadIdx.x & 31;
-  const float* a = buf + 2 * (lane >> 2);
-  float part[8][NT][2] = {};
-#pragma unroll
-  for (int m = 0; m < KP; ++m) {
-#pragma unroll
-    for (int r = 0; r < 8; ++r) {
-      const float2 v = *reinterpret_cast<const float2*>(a + r * ld + 16 * m);
-      const float x[2] = {v.x, v.y};
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-          for (int c = 0; c < 2; ++c) part[r][nt][c] = fmaf(x[e], w.v[m][e][nt][c], part[r][nt][c]);
-        }
-      }
-    }
-  }
-  sum_lane_groups<NT>(part, acc);
-}
-
 // acc = the rows of the state buffer at `a` (this lane's ldmatrix address,
 // see a_lane) times the KC chunks of weights in registers, two chunks of
 // A loads in flight, the two k tiles of a chunk in separate chains.
@@ -1424,22 +1408,12 @@ __device__ __forceinline__ void backward_partial(int64_t T_, int64_t t0, int64_t
   __syncthreads();  // the weight fragments are in shared memory
   RegChunks<kFma ? 0 : KC, NTo> wr;
   if constexpr (!kFma) load_reg_chunks<NTo, KC>(wr, frag + w * KT * NTo * 32, KC);
-  FmaPairWeights<kFma ? KP : 1, NTo> wf;
+  // kFma: turns of 16 k (E = 2), the weights of this warp's columns.
+  FmaWeights<kFma ? KP : 0, NTo, 2> wf;
   if constexpr (kFma) {
-#pragma unroll
-    for (int m = 0; m < KP; ++m) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int64_t k = 16 * m + 2 * (lane >> 2) + e;
-#pragma unroll
-        for (int nt = 0; nt < NTo; ++nt) {
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            wf.v[m][e][nt][c] = to_acc(w_h[w_row(k) * ld_w + out0 + 8 * nt + 2 * (lane & 3) + c]);
-          }
-        }
-      }
-    }
+    load_fma_weights<KP, NTo, 2>(wf, KK, 0, [&](int64_t k, int nt, int c) {
+      return to_acc(w_h[w_row(k) * ld_w + out0 + 8 * nt + 2 * (lane & 3) + c]);
+    });
   }
   const uint32_t a_of_buf = a_lane<T, kRows>(shared_address(gbuf), ld, lane);
   const uint32_t buf_bytes = static_cast<uint32_t>(kRows * ld * sizeof(T));
@@ -1452,7 +1426,7 @@ __device__ __forceinline__ void backward_partial(int64_t T_, int64_t t0, int64_t
     const int b = static_cast<int>(n & 1);
     float acc[NTo][4];
     if constexpr (kFma) {
-      fma_pair_product<KP, NTo>(acc, gbuf + b * kRows * ld, ld, wf);
+      fma_product<KP, NTo, 2>(acc, gbuf + b * kRows * ld, ld, wf);
     } else {
       tc_partial_product<T, NTo, KC>(acc, a_of_buf + b * buf_bytes, wr);
     }
