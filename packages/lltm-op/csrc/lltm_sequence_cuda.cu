@@ -937,8 +937,10 @@ void with_fma_variant(bool cluster, bool small_k, int split, F&& f) {
 // f(KB, NTo) for the tc::backward_partial shapes built: full float32's
 // (kFma) KB 2 or 4 tiles a block, 2 column tiles a warp (clusters of 8
 // blocks of 2 tiles, or of 4 of 4, at S = 128); the tensor cores' 4 and
-// 4, or 8 and 2 (clusters of 4 or 2 at S = 128).
-template <bool kFma, typename F>
+// 4, or 8 and 2 (clusters of 4 or 2 at S = 128), and in 16-bit types 4
+// and 8 (clusters of 8 blocks of 4 warps at S = 256, each warp's columns
+// two blocks').
+template <typename T, bool kFma, typename F>
 void with_partial_shape(const PartialShape& p, F&& f) {
   using Two = std::integral_constant<int, 2>;
   using Four = std::integral_constant<int, 4>;
@@ -949,6 +951,12 @@ void with_partial_shape(const PartialShape& p, F&& f) {
       f(Four{}, Two{});
     }
   } else {
+    if constexpr (sizeof(T) == 2) {
+      if (p.kb == 4 && p.nto == 8) {
+        f(Four{}, std::integral_constant<int, 8>{});
+        return;
+      }
+    }
     if (p.kb == 4) {
       f(Four{}, Four{});
     } else {
@@ -957,14 +965,16 @@ void with_partial_shape(const PartialShape& p, F&& f) {
   }
 }
 // The shape of a cluster backward of C blocks of `warps` warps at state
-// size S, where it is built: every block the same tiles, every warp the
-// same columns, all of one block's.
-PartialShape partial_shape(int64_t S, int C, int warps, bool fma) {
+// size S, where it is built (`wide`: a 16-bit type's): every block the
+// same tiles, every warp the same columns, a whole number of blocks' or
+// a part of one block's.
+PartialShape partial_shape(int64_t S, int C, int warps, bool fma, bool wide) {
   PartialShape p;
   if (C < 2 || S % (8 * C) != 0 || (S / 8) % warps != 0) return p;
   const int kb = static_cast<int>(S / 8 / C), nto = static_cast<int>(S / 8 / warps);
   const bool built =
-      fma ? nto == 2 && (kb == 2 || kb == 4) : (kb == 4 && nto == 4) || (kb == 8 && nto == 2);
+      fma ? nto == 2 && (kb == 2 || kb == 4)
+          : (kb == 4 && nto == 4) || (kb == 8 && nto == 2) || (wide && kb == 4 && nto == 8);
   if (built) {
     p.kb = kb;
     p.nto = nto;
@@ -1171,7 +1181,9 @@ int forward_tc_residency(size_t smem, int optin) {
 // (float32: a third of the bytes). Measured (H200, T256, us of the
 // backward kernel, backward_local against this): float32 TF32 B8 498 /
 // 343, B64 503 / 352, B256 623 / 476; full float32 B8 457 / 393, B64 502
-// / 421; bfloat16 B8 332 / 296; float16 B64 342 / 294
+// / 421; bfloat16 B8 332 / 296; float16 B64 342 / 294; at 16-bit S = 256
+// (clusters of 8 blocks, 4 warps of 8 column tiles) float16 B64 522 / 424,
+// bfloat16 B64 512 / 423
 // (bench/results-h200/lltm_sequence_backward_partial_sums_0.6.30.md).
 // Full float32 at B256 keeps backward_local: its rule gives the backward
 // one warp a tile there (4 warps a block), a shape not built.
@@ -1189,13 +1201,13 @@ void use_partial_sums(LocalLaunch& l, int64_t rows, int64_t S, int64_t gy, int o
                       Packed packed) {
   if (env_int("LLTM_OP_SEQUENCE_PARTIAL", 1) == 0 || rows != tc::kLocalEightRows) return;
   const int C = static_cast<int>(l.grid.x), warps = l.threads / 32;
-  const PartialShape shape = partial_shape(S, C, warps, kFma);
+  const PartialShape shape = partial_shape(S, C, warps, kFma, sizeof(T) == 2);
   if (shape.kb == 0) return;
   const size_t smem =
       std::max(l.smem, tc::partial_backward_smem<T>(kFma, C, shape.kb, warps, shape.nto));
   if (smem > static_cast<size_t>(optin)) return;
   bool fits = false;
-  with_partial_shape<kFma>(shape, [&](auto kb, auto nto) {
+  with_partial_shape<T, kFma>(shape, [&](auto kb, auto nto) {
     constexpr int KB = decltype(kb)::value, NTo = decltype(nto)::value;
     fits = std::min(resident_clusters(partial_kernel<T, kFma, KB, NTo>(), C, l.threads, smem, optin,
                                       sms),
@@ -1906,7 +1918,7 @@ struct CudaDev {
         if (!packed && l.partial.kb > 0) {
           auto run_partial = [&](auto fma) {
             constexpr bool kFma = decltype(fma)::value;
-            with_partial_shape<kFma>(l.partial, [&](auto kb, auto nto) {
+            with_partial_shape<T, kFma>(l.partial, [&](auto kb, auto nto) {
               run(partial_kernel<T, kFma, decltype(kb)::value, decltype(nto)::value>());
             });
           };

@@ -1302,8 +1302,8 @@ __global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
 // in block order, a fixed order (results do not depend on timing). A step:
 // the cell warps (one a tile) wait for the partial sums of dG_{t+1}, run
 // the cells of step t and write dG_t to the block's buffer; a block
-// barrier; every warp multiplies the buffer by its 8 NTo columns, all one
-// block's, and pushes them there (into its own slots where that is this
+// barrier; every warp multiplies the buffer by its 8 NTo columns and pushes
+// each block its share of them (into its own slots where that is this
 // block). Every block holds KB tiles (S = 8 KB C), 8 rows a cluster, and
 // the batch is whole (a packed one runs backward_local).
 
@@ -1371,9 +1371,12 @@ __device__ __forceinline__ void backward_partial(int64_t T_, int64_t t0, int64_t
   // block's first tile on) is row w_row(k) of W_h.
   const int64_t first_col = int64_t(KB8) * rank;
   auto w_row = [&](int64_t k) { return (k / KB8) * S + first_col + k % KB8; };
-  // This warp's columns: out0 .. out0 + 8 NTo - 1, block dest's from its
-  // column at_dest.
-  const int out0 = 8 * NTo * w, dest = out0 / KB8, at_dest = out0 % KB8;
+  // This warp's columns: out0 .. out0 + 8 NTo - 1, in groups of kPerDest
+  // tiles that are one block's each: one group where a warp's tiles are at
+  // most a block's (NTo <= KB), else NTo / KB.
+  constexpr int kPerDest = NTo < KB ? NTo : KB;
+  static_assert(KB % kPerDest == 0 && NTo % kPerDest == 0, "whole groups of a block's tiles");
+  const int out0 = 8 * NTo * w;
   if constexpr (!kFma) {
     load_weight_slices<T, true>(frag, warps, KT, NTo,
                                 [&](int s, int64_t k, int nt, int n) -> uint32_t {
@@ -1431,19 +1434,26 @@ __device__ __forceinline__ void backward_partial(int64_t T_, int64_t t0, int64_t
       tc_partial_product<T, NTo, KC>(acc, a_of_buf + b * buf_bytes, wr);
     }
     if (row < rows) {
-      const int off =
-          ((b * C + rank) * static_cast<int>(kRows) + row) * KB8 + at_dest + 2 * (lane & 3);
-      if (dest == rank) {
 #pragma unroll
-        for (int nt = 0; nt < NTo; ++nt) {
-          *reinterpret_cast<float2*>(slots + off + 8 * nt) = make_float2(acc[nt][0], acc[nt][1]);
-        }
-      } else {
-        const uint32_t to = cluster_address(x.buf, static_cast<uint32_t>(dest));
-        const uint32_t bar = cluster_address(x.bar_of(b), static_cast<uint32_t>(dest));
+      for (int g0 = 0; g0 < NTo; g0 += kPerDest) {
+        // Group g0's block, and the group's place in that block's slot.
+        const int col = out0 + 8 * g0, dest = col / KB8;
+        const int off =
+            ((b * C + rank) * static_cast<int>(kRows) + row) * KB8 + col % KB8 + 2 * (lane & 3);
+        if (dest == rank) {
 #pragma unroll
-        for (int nt = 0; nt < NTo; ++nt) {
-          store_async(to + 4 * (off + 8 * nt), make_float2(acc[nt][0], acc[nt][1]), bar);
+          for (int nt = 0; nt < kPerDest; ++nt) {
+            *reinterpret_cast<float2*>(slots + off + 8 * nt) =
+                make_float2(acc[g0 + nt][0], acc[g0 + nt][1]);
+          }
+        } else {
+          const uint32_t to = cluster_address(x.buf, static_cast<uint32_t>(dest));
+          const uint32_t bar = cluster_address(x.bar_of(b), static_cast<uint32_t>(dest));
+#pragma unroll
+          for (int nt = 0; nt < kPerDest; ++nt) {
+            store_async(to + 4 * (off + 8 * nt), make_float2(acc[g0 + nt][0], acc[g0 + nt][1]),
+                        bar);
+          }
         }
       }
     }

@@ -1091,7 +1091,8 @@ def test_cuda_block_local_clusters_match_the_reference(dtype, C, S, packed, spli
     assert [a[5] for a in forward] == [str(rows)], forward
     assert backward == [str(rows)] * 2, backward
     warps_a_block = tiles_a_block if C > 1 else 0
-    assert len(partial) == (2 * partial_backward_built(S, C, warps_a_block, False, rows, packed)), names
+    wide = dtype != torch.float32
+    assert len(partial) == 2 * partial_backward_built(S, C, warps_a_block, False, rows, packed, wide), names
     limit = TF32_LIMIT if dtype == torch.float32 else LIMITS[dtype]
     assert_packed_run_matches(out, args, ref, ref_args, grads, lengths, limit)
 
@@ -1558,20 +1559,25 @@ def test_cuda_fma_local_kernels_run_and_match_the_reference(size, cluster, packe
     assert_packed_run_matches(out, args, ref, ref_args, grads, lengths, 1e-5)
 
 
-def partial_backward_built(S: int, C: int, warps: int, fma: bool, rows: int = 8, packed: bool = False) -> bool:
+def partial_backward_built(
+    S: int, C: int, warps: int, fma: bool, rows: int = 8, packed: bool = False, wide: bool = False
+) -> bool:
     """Whether the cluster backward of C blocks of `warps` warps at state
     size S runs by partial sums (tc::backward_partial; the rule of
     use_partial_sums and partial_shape): a whole batch, 8 rows a cluster,
     every block the same tiles (kb) and every warp the same columns (nto
-    tiles), all of one block's, in a shape that is built: on the FMA units
-    (fma) past S = 64 (its small-K variant keeps backward_local) kb 2 or 4
-    and nto 2, on the tensor cores kb 4 and nto 4 or kb 8 and nto 2."""
+    tiles), in a shape that is built: on the FMA units (fma) past S = 64
+    (its small-K variant keeps backward_local) kb 2 or 4 and nto 2, on the
+    tensor cores kb 4 and nto 4 or kb 8 and nto 2, and in 16-bit types
+    (wide) kb 4 and nto 8."""
     if packed or rows != 8 or C < 2 or warps < 1 or S % (8 * C) != 0 or (S // 8) % warps != 0:
         return False
     if fma and S <= 64:
         return False
     kb, nto = S // 8 // C, S // 8 // warps
-    return (nto == 2 and kb in (2, 4)) if fma else (kb, nto) in ((4, 4), (8, 2))
+    if fma:
+        return nto == 2 and kb in (2, 4)
+    return (kb, nto) in ((4, 4), (8, 2)) or (wide and (kb, nto) == (4, 8))
 
 
 # The backward by partial sums' cases: dtype and TF32 (float32 without it
