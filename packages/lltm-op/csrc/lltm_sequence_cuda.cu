@@ -737,17 +737,17 @@ unsigned int grid_dim(int64_t v, const char* what) {
   return static_cast<unsigned int>(v);
 }
 
-// A block-local kernel's launch (lltm_sequence_tc_local.cuh): 16 rows (8
-// where fma) and every column a cluster of grid.x blocks (one block where
-// grid.x is 1) of `threads` threads, grid (grid.x, ceil(B / rows)), `smem`
-// bytes of shared memory a block; fma: full float32's kernels, the product
-// on the FMA units.
 // tc::backward_partial's shape: kb tiles a block, nto column tiles a warp
 // (kb 0: not that kernel).
 struct PartialShape {
   int kb = 0, nto = 0;
 };
 
+// A block-local kernel's launch (lltm_sequence_tc_local.cuh): 16 rows (8
+// where fma) and every column a cluster of grid.x blocks (one block where
+// grid.x is 1) of `threads` threads, grid (grid.x, ceil(B / rows)), `smem`
+// bytes of shared memory a block; fma: full float32's kernels, the product
+// on the FMA units.
 struct LocalLaunch {
   bool ok = false;
   bool fma = false;
@@ -1173,6 +1173,17 @@ int forward_tc_residency(size_t smem, int optin) {
   return per_sm;
 }
 
+// tc::backward_partial's kernel of a shape: the FMA units' (full float32)
+// or the tensor cores'.
+template <typename T, bool kFma, int KB, int NTo>
+auto partial_kernel() {
+  if constexpr (kFma) {
+    return tc::backward_fma_partial_kernel<KB, NTo>;
+  } else {
+    return tc::backward_tc_partial_kernel<T, KB, NTo>;
+  }
+}
+
 // A cluster backward of 8 rows a cluster (`rows`) by partial sums
 // (tc::backward_partial) where its shape is built and its clusters fit
 // with the larger shared memory of it and the packed kernel's (`packed`,
@@ -1188,14 +1199,6 @@ int forward_tc_residency(size_t smem, int optin) {
 // Full float32 at B256 keeps backward_local: its rule gives the backward
 // one warp a tile there (4 warps a block), a shape not built.
 // LLTM_OP_SEQUENCE_PARTIAL=0 keeps backward_local (tests, benchmarks).
-template <typename T, bool kFma, int KB, int NTo>
-auto partial_kernel() {
-  if constexpr (kFma) {
-    return tc::backward_fma_partial_kernel<KB, NTo>;
-  } else {
-    return tc::backward_tc_partial_kernel<T, KB, NTo>;
-  }
-}
 template <typename T, bool kFma, typename Packed>
 void use_partial_sums(LocalLaunch& l, int64_t rows, int64_t S, int64_t gy, int optin, int sms,
                       Packed packed) {
