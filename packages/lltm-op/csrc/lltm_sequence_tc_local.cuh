@@ -244,23 +244,33 @@ __device__ __forceinline__ uint32_t local_rows(int64_t B, int64_t r0, int64_t ro
   return static_cast<uint32_t>(B - r0 < rows ? B - r0 : rows);
 }
 
-// Block setup of the exchange (thread 0 initializes the mbarriers: one
-// arrival a warp that owns tiles), before the prologue's cluster barrier;
+// Block setup of an exchange among `active` blocks, before the prologue's
+// cluster barrier: thread 0 initializes both mbarriers for `arrivals`
+// arrivals (none: a block that holds no tiles), each phase expecting `tx`
+// bytes from the other blocks.
+__device__ __forceinline__ Exchange setup_exchange(const void* buf, const void* bars, int rank,
+                                                   int active, int arrivals, uint32_t tx) {
+  Exchange x;
+  x.buf = shared_address(buf);
+  x.bar = shared_address(bars);
+  x.rank = rank;
+  x.active = active;
+  x.tx = tx;
+  if (threadIdx.x == 0 && arrivals > 0) {
+    mbarrier_init(x.bar, static_cast<uint32_t>(arrivals));
+    mbarrier_init(x.bar + 8, static_cast<uint32_t>(arrivals));
+  }
+  return x;
+}
+
+// The exchange of a step's state tiles: one arrival a warp that owns tiles;
 // tile_bytes: what one warp's tile of a step's state brings to each peer.
 __device__ __forceinline__ Exchange make_exchange(const void* buf, const void* bars,
                                                   const TileShare& share, int total_tiles,
                                                   uint32_t tile_bytes) {
-  Exchange x;
-  x.buf = shared_address(buf);
-  x.bar = shared_address(bars);
-  x.rank = share.rank;
-  x.active = (total_tiles + share.per_block - 1) / share.per_block;
-  x.tx = static_cast<uint32_t>(total_tiles - share.slices) * tile_bytes;
-  if (threadIdx.x == 0 && share.slices > 0) {
-    mbarrier_init(x.bar, static_cast<uint32_t>(share.slices));
-    mbarrier_init(x.bar + 8, static_cast<uint32_t>(share.slices));
-  }
-  return x;
+  return setup_exchange(buf, bars, share.rank,
+                        (total_tiles + share.per_block - 1) / share.per_block, share.slices,
+                        static_cast<uint32_t>(total_tiles - share.slices) * tile_bytes);
 }
 
 // The state buffers hold the product's A operand as the tensor cores take
@@ -968,6 +978,19 @@ __global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
 // The cells' side of a backward step, shared by backward_local and
 // backward_partial: a thread's inputs, its cells, and the chunk's end.
 
+// A backward chunk's steps t1 - 1 down to t0, step(t, inputs) each, the two
+// input sets alternating (a step prefetches the inputs of the step two
+// later into its own set).
+template <typename Step, typename Inputs>
+__device__ __forceinline__ void steps_down(int64_t t1, int64_t t0, Step&& step,
+                                           Inputs (&in_set)[2]) {
+  for (int64_t t = t1 - 1; t >= t0; t -= 2) {
+    step(t, in_set[0]);
+    if (t - 1 < t0) break;
+    step(t - 1, in_set[1]);
+  }
+}
+
 // A thread's inputs of a backward step (grad_outputs[t], G_t of the three
 // gates, c_{t-1}; two columns a register) for its pairs (half, q).
 template <typename T, int Q>
@@ -1220,8 +1243,6 @@ __device__ __forceinline__ void backward_local(int64_t T_, int64_t t0, int64_t t
         const bool row_last = kPacked ? at.row[half] >= n_next : last;
 #pragma unroll
         for (int q = 0; q < Q; ++q) {
-          // Rows done (a packed run) push zeros: the peers count the bytes
-          // of every row below B.
           const float rec[2] = {acc[q][2 * half], acc[q][2 * half + 1]};
           Pair<T> v[3];
           backward_cell<T, Q, Math>(in, args, at, half, q, rec, live, row_last, dc_reg[half][q],
@@ -1232,7 +1253,9 @@ __device__ __forceinline__ void backward_local(int64_t T_, int64_t t0, int64_t t
           Pair<T> d_op[3];
 #pragma unroll
           for (int g = 0; g < 3; ++g) d_op[g] = operand_pair<T, kFma>(v[g]);
-          // The chunk's earliest dG is read from global memory.
+          // The chunk's earliest dG is read from global memory. Rows done
+          // (a packed run) push zeros: the peers count the bytes of every
+          // row below B.
           if (kCluster && t > t0 && at.row[half] < B) {
             uint32_t off[3];
 #pragma unroll
@@ -1258,11 +1281,7 @@ __device__ __forceinline__ void backward_local(int64_t T_, int64_t t0, int64_t t
     c_t -= step_state;
     dg_t -= step_gates;
   };
-  for (int64_t t = t1 - 1; t >= t0; t -= 2) {
-    step(t, in_set[0]);
-    if (t - 1 < t0) break;
-    step(t - 1, in_set[1]);
-  }
+  steps_down(t1, t0, step, in_set);
   if (!owner || khalf != 0) return;
   finish_backward<T, Q, kHalves>(at, dc_reg, sums, dc, partial, S);
 }
@@ -1387,16 +1406,10 @@ __device__ __forceinline__ void backward_partial(int64_t T_, int64_t t0, int64_t
   zero_shared(gbuf, 2 * kRows * ld);
   zero_shared(slots, 2 * C * kRows * KB8);
   __syncthreads();  // zero before the copy below writes
-  Exchange x;
-  x.buf = shared_address(slots);
-  x.bar = shared_address(bars);
-  x.rank = rank;
-  x.active = C;
-  x.tx = static_cast<uint32_t>((C - 1) * rows * KB8 * sizeof(float));
-  if (threadIdx.x == 0) {
-    mbarrier_init(x.bar, static_cast<uint32_t>(warps));
-    mbarrier_init(x.bar + 8, static_cast<uint32_t>(warps));
-  }
+  // Every warp pushes partial sums: one arrival each; the other C - 1
+  // blocks bring the block's columns of every row.
+  const Exchange x = setup_exchange(slots, bars, rank, C, warps,
+                                    static_cast<uint32_t>((C - 1) * rows * KB8 * sizeof(float)));
   // The chunk's first step reads the later chunk's last dG (slot K): the
   // block's columns of it into buffer 0, push 0. Push n holds the partial
   // sums of dG_{n_base - n}.
@@ -1408,7 +1421,7 @@ __device__ __forceinline__ void backward_partial(int64_t T_, int64_t t0, int64_t
         rows * KK, [&](int e) { return operand_of<T, kFma>(src[(e / KK) * S3 + w_row(e % KK)]); },
         [&](int e, T v) { gbuf[(e / KK) * ld + e % KK] = v; });
   }
-  __syncthreads();  // the weight fragments are in shared memory
+  __syncthreads();  // the weight fragments and the later chunk's dG are in shared memory
   RegChunks<kFma ? 0 : KC, NTo> wr;
   if constexpr (!kFma) load_reg_chunks<NTo, KC>(wr, frag + w * KT * NTo * 32, KC);
   // kFma: turns of 16 k (E = 2), the weights of this warp's columns.
@@ -1521,11 +1534,7 @@ __device__ __forceinline__ void backward_partial(int64_t T_, int64_t t0, int64_t
     c_t -= step_state;
     dg_t -= step_gates;
   };
-  for (int64_t t = t1 - 1; t >= t0; t -= 2) {
-    step(t, in_set[0]);
-    if (t - 1 < t0) break;
-    step(t - 1, in_set[1]);
-  }
+  steps_down(t1, t0, step, in_set);
   if (cell_warp) finish_backward<T, Q, kHalves>(at, dc_reg, sums, dc, partial, S);
 }
 
