@@ -856,7 +856,11 @@ __device__ __forceinline__ void mbarrier_arrive(uint32_t bar, uint32_t tx) {
 // peers' bytes acquired at cluster scope). Relaxed polls followed by one
 // acquire fence restricted to shared memory were slower (H200, T256,
 // kernel time: float32 TF32 B8 S128 inference 280 against 244 us, B64 S128
-// 336 against 289, float16 B8 S512 456 against 446).
+// 336 against 289, float16 B8 S512 456 against 446). An acquire at CTA
+// scope, which drops the L1 invalidation (CCTL.IVALL) that follows the
+// wait, gained 0-2% (float32 TF32 B64 S128 inference 325 against 330 us,
+// float16 B8 S512 462 against 464): the wait is for the peers, not for the
+// invalidation, and the cluster scope stays.
 __device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile(
