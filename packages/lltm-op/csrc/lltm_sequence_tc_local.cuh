@@ -975,8 +975,9 @@ __global__ void __launch_bounds__(local_max_threads<kCluster>(), 1)
 
 // -- backward -------------------------------------------------------------------------------
 //
-// The cells' side of a backward step, shared by backward_local and
-// backward_partial: a thread's inputs, its cells, and the chunk's end.
+// What backward_local and backward_partial share: the chunk's step loop,
+// and the cells' side of a step (a thread's inputs, its cells, and the
+// chunk's end).
 
 // A backward chunk's steps t1 - 1 down to t0, step(t, inputs) each, the two
 // input sets alternating (a step prefetches the inputs of the step two
