@@ -952,6 +952,57 @@ __device__ __forceinline__ void reduce_k_split(float* acc, float* red, const Spl
   }
 }
 
+// The wgmma forward's two k halves (KS == 2, Q even) exchanged by column
+// groups instead of summed into the first: warp (ks, mt) keeps the column
+// groups q of its own half (ks Q / 2 .. + Q / 2 - 1), writes the other
+// half's partial sums for its partner (1 - ks, mt) and adds the partner's
+// into its own, so that both warpgroups run cells (half each) where the
+// first ran them all while the second waited. The same sums as
+// reduce_k_split's, bit for bit (one addition of the two partials, which
+// commutes). red is reduce_k_split's buffer (the same bytes: each warp
+// passes half its sums). Every thread of the block calls it (it holds a
+// barrier).
+template <int Q>
+__device__ __forceinline__ void exchange_k_halves(float (&acc)[3 * Q][4], float* red, int I,
+                                                  int warp, bool active) {
+  static_assert(Q % 2 == 0, "whole halves of the column groups");
+  constexpr int H = Q / 2, N = 3 * H * 4;  // floats a thread passes its partner
+  const int lane = threadIdx.x & 31, ks = warp / I, mt = warp % I;
+  // Compile-time indices into acc on both sides of the branch (a runtime
+  // index would put it in local memory).
+  auto pass = [&](auto first) {
+    constexpr int mine = decltype(first)::value ? 0 : H, theirs = H - mine;
+    float* dst = red + (ks * I + mt) * N * 32 + lane;
+    if (active) {
+#pragma unroll
+      for (int g = 0; g < 3; ++g) {
+#pragma unroll
+        for (int q = 0; q < H; ++q) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) dst[((g * H + q) * 4 + e) * 32] = acc[g * Q + theirs + q][e];
+        }
+      }
+    }
+    __syncthreads();
+    if (active) {
+      const float* src = red + ((1 - ks) * I + mt) * N * 32 + lane;
+#pragma unroll
+      for (int g = 0; g < 3; ++g) {
+#pragma unroll
+        for (int q = 0; q < H; ++q) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[g * Q + mine + q][e] += src[((g * H + q) * 4 + e) * 32];
+        }
+      }
+    }
+  };
+  if (ks == 0) {
+    pass(std::true_type{});
+  } else {
+    pass(std::false_type{});
+  }
+}
+
 // -- per-thread state -----------------------------------------------------------------------
 //
 // A block has at most kTcMaxRows = 128 rows, so at most 8 row tiles: warp w
@@ -1197,7 +1248,9 @@ __device__ __forceinline__ void backward_pair(bool live, const float (&rec)[2], 
 //
 // kWgmma (forward, 16-bit types, 4 or 8 row tiles a block, none of the
 // above): the product on the warpgroups' wgmma (see above) where the build
-// has it, else as without.
+// has it, else as without. With 4 row tiles (two warpgroups, each half of
+// k) and Q even, the halves' sums are exchanged by column groups
+// (exchange_k_halves) and both warpgroups run cells, half each.
 //
 // alternate_cells (an inference chunk, ForwardSteps): step t's cell state
 // goes to slot t & 1 of cells.
@@ -1247,11 +1300,21 @@ __global__ void __launch_bounds__(kTcThreads, 1)
   }
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t S3 = 3 * S, step_gates = B * S3, step_state = B * S;
-  const bool active = warp < sp.I * sp.KS, owner = warp < sp.I;
+  const bool active = warp < sp.I * sp.KS;
   const int ks = warp / sp.I, mt = warp % sp.I;
+  // The warps that run cells (`owner`) and the column groups q whose cells
+  // each runs (`owns`): the row tiles' first warps, all of them; with the
+  // wgmma's two k halves (4 row tiles), every warp, its half of them
+  // (exchange_k_halves).
+  const bool halves = kWg && Q % 2 == 0 && sp.KS == 2;
+  const bool owner = halves ? active : warp < sp.I;
+  const int q_lo = halves ? ks * (Q / 2) : 0, q_hi = halves ? q_lo + Q / 2 : Q;
+  auto owns = [&](int q) { return !kWg || (q >= q_lo && q < q_hi); };
   const int64_t row_base = r0 + 16 * mt + (lane >> 2);
   const int64_t col_base = j0 + 2 * (lane & 3);
-  auto valid = [&](int half, int q) { return row_base + 8 * half < B && col_base + 8 * q < S; };
+  auto valid = [&](int half, int q) {
+    return owns(q) && row_base + 8 * half < B && col_base + 8 * q < S;
+  };
   auto at = [&](int half, int q) { return (row_base + 8 * half) * S + col_base + 8 * q; };
 
   float c_reg[Q][2][2] = {}, b_reg[Q][3][2] = {};
@@ -1391,7 +1454,14 @@ __global__ void __launch_bounds__(kTcThreads, 1)
       }
       __syncthreads();
     } else if (sp.KS > 1) {
-      reduce_k_split<NACC>(&acc[0][0], red, sp, warp, live);
+      bool exchanged = false;
+      if constexpr (kWg && Q % 2 == 0) {
+        if (halves) {
+          exchange_k_halves<Q>(acc, red, sp.I, warp, live);
+          exchanged = true;
+        }
+      }
+      if (!exchanged) reduce_k_split<NACC>(&acc[0][0], red, sp, warp, live);
     }
     // The cell; the step's h first, the one output the other blocks wait
     // for: the block arrives at the barrier once its h is written, and

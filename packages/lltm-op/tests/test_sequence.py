@@ -1283,7 +1283,10 @@ def test_cuda_global_forward_wgmma_matches_the_reference(dtype, size, shape, pac
     where each warpgroup's share of k is whole groups of 8 chunks of 32
     (S = 256 at 128 rows, 512 and 1000 at 64; not S = 136), and
     LLTM_OP_SEQUENCE_WGMMA=0 turns it off: both match float64 within the
-    dtype's error, outputs, final state and all five gradients; B = 64,
+    dtype's error, outputs, final state and all five gradients. At 64 rows
+    (two warpgroups, each half of k) with 2 or 4 column groups (2064,
+    4064) the halves exchange their sums by column group and both run
+    cells (exchange_k_halves); B = 64,
     70, 128 and 200 (part-filled row tiles and blocks), S = 1000 (a last
     chunk past the row), packed rows (a warpgroup whose rows end inside
     it), two backward chunks."""
