@@ -1329,7 +1329,8 @@ __global__ void __launch_bounds__(kTcThreads, 1)
   // each runs (`owns`): the row tiles' first warps, all of them; with the
   // wgmma's two k halves (4 row tiles), every warp, its half of them
   // (exchange_k_halves).
-  const bool halves = kWg && Q % 2 == 0 && sp.KS == 2;
+  constexpr bool kHalvable = kWg && Q % 2 == 0;
+  const bool halves = kHalvable && sp.KS == 2;
   const bool owner = halves ? active : warp < sp.I;
   const int q_lo = halves ? ks * (Q / 2) : 0, q_hi = halves ? q_lo + Q / 2 : Q;
   auto owns = [&](int q) { return !kWg || (q >= q_lo && q < q_hi); };
@@ -1478,7 +1479,7 @@ __global__ void __launch_bounds__(kTcThreads, 1)
       __syncthreads();
     } else if (sp.KS > 1) {
       bool exchanged = false;
-      if constexpr (kWg && Q % 2 == 0) {
+      if constexpr (kHalvable) {
         if (halves) {
           exchange_k_halves<Q>(acc, red, sp.I, warp, live);
           exchanged = true;

@@ -717,6 +717,11 @@ constexpr int kForwardChains = kCluster && kSmallK ? 4 : 2;
 // blocks one cluster (sm_90). The kernels (forward_tc_local_kernel,
 // forward_fma_local_kernel) are this function with their products. kRows:
 // batch rows a cluster, 16 or 8 (kFma: 8).
+// The block-local kernels' cell math: full float32's (kFma) accurate one,
+// else the tensor-core kernels' (TcMathFor).
+template <typename T, bool kFma>
+using LocalMath = std::conditional_t<kFma, AccurateMath, TcMathFor<T>>;
+
 template <typename T, int Q, bool kPacked, bool kCluster, bool kSmallK, bool kFma, int kSplit,
           int64_t kRows>
 __device__ __forceinline__ void forward_local(int64_t steps, int64_t B, int64_t S, T* gates,
@@ -726,7 +731,7 @@ __device__ __forceinline__ void forward_local(int64_t steps, int64_t B, int64_t 
                                               const int64_t* bs) {
   constexpr int NT = 3 * Q;
   constexpr int kHalves = local_halves<kFma, kRows>();
-  using Math = std::conditional_t<kFma, AccurateMath, TcMathFor<T>>;
+  using Math = LocalMath<T, kFma>;
   extern __shared__ __align__(16) unsigned char smem[];
   const int KC = static_cast<int>((S + kChunk<T> - 1) / kChunk<T>), KT = 2 * KC;
   // kFma: the row's turns of k, KM of them this warp's (kSplit warps a tile).
@@ -1123,7 +1128,7 @@ __device__ __forceinline__ void backward_local(int64_t T_, int64_t t0, int64_t t
                                                float* partial, const int64_t* bs) {
   constexpr int NT = Q;
   constexpr int kHalves = local_halves<kFma, kRows>();
-  using Math = std::conditional_t<kFma, AccurateMath, TcMathFor<T>>;
+  using Math = LocalMath<T, kFma>;
   extern __shared__ __align__(16) unsigned char smem[];
   const int64_t S3 = 3 * S;
   const int KC = static_cast<int>((S3 + kChunk<T> - 1) / kChunk<T>), KT = 2 * KC;
@@ -1374,7 +1379,7 @@ __device__ __forceinline__ void backward_partial(int64_t T_, int64_t t0, int64_t
   constexpr int KB8 = 8 * KB, KK = 3 * KB8;  // the block's columns; its dG columns
   static_assert(kFma ? KK % 16 == 0 : KK % kChunk<T> == 0, "whole pairs / chunks of k");
   constexpr int KC = KK / kChunk<T>, KT = 2 * KC, KP = KK / 16;
-  using Math = std::conditional_t<kFma, AccurateMath, TcMathFor<T>>;
+  using Math = LocalMath<T, kFma>;
   extern __shared__ __align__(16) unsigned char smem[];
   const int C = static_cast<int>(gridDim.x), rank = static_cast<int>(blockIdx.x);
   const int warps = static_cast<int>(blockDim.x >> 5);
