@@ -711,17 +711,17 @@ struct Places {
 template <bool kCluster, bool kSmallK>
 constexpr int kForwardChains = kCluster && kSmallK ? 4 : 2;
 
+// The block-local kernels' cell math: full float32's (kFma) accurate one,
+// else the tensor-core kernels' (TcMathFor).
+template <typename T, bool kFma>
+using LocalMath = std::conditional_t<kFma, AccurateMath, TcMathFor<T>>;
+
 // kPacked as in forward_tc_kernel: a row runs while it is below the step's
 // batch size and writes h_n / c_n at its own last step; alternate_cells as
 // there. The grid is (C, ceil(B / rows)); kCluster: C > 1, its rows' C
 // blocks one cluster (sm_90). The kernels (forward_tc_local_kernel,
 // forward_fma_local_kernel) are this function with their products. kRows:
 // batch rows a cluster, 16 or 8 (kFma: 8).
-// The block-local kernels' cell math: full float32's (kFma) accurate one,
-// else the tensor-core kernels' (TcMathFor).
-template <typename T, bool kFma>
-using LocalMath = std::conditional_t<kFma, AccurateMath, TcMathFor<T>>;
-
 template <typename T, int Q, bool kPacked, bool kCluster, bool kSmallK, bool kFma, int kSplit,
           int64_t kRows>
 __device__ __forceinline__ void forward_local(int64_t steps, int64_t B, int64_t S, T* gates,
