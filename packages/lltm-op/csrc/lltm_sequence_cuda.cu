@@ -650,6 +650,7 @@ __global__ void __launch_bounds__(32 * kWarps)
 
 #include "lltm_sequence_tc.cuh"
 #include "lltm_sequence_tc_local.cuh"
+#include "lltm_sequence_tc_ksplit.cuh"
 #include "lltm_sequence_resident.cuh"
 
 // -- small helpers -------------------------------------------------------------------------
@@ -789,6 +790,16 @@ struct TcPlan {
   // busy) whose warpgroups' k shares are whole groups (wgmma_whole_groups),
   // not spread (LLTM_OP_SEQUENCE_WGMMA=0: never; A/B).
   bool wgmma = false;
+  // The backward with k split over clusters of tc::kKsParts blocks
+  // (lltm_sequence_tc_ksplit.cuh): padded batches of 16-bit types on sm_90
+  // past one block row (B > 64), where its parts are whole groups of
+  // chunks (S = 1024), its weights fit and every cluster is resident at
+  // once (LLTM_OP_SEQUENCE_KSPLIT=0: never; A/B).
+  struct KSplit {
+    bool ok = false;
+    dim3 grid;
+    size_t smem = 0;
+  } ksplit;
   // The forward's cluster variant (sm_90; see lltm_sequence_tc.cuh): its own
   // block shape, the clusters being the grid's rows.
   struct Cluster {
@@ -800,7 +811,8 @@ struct TcPlan {
   } cluster;
   // Blocks rows of the backward's grid (rows of its bias-gradient partial sums).
   int64_t backward_rows() const {
-    return local_backward.ok ? local_backward.grid.y : static_cast<int64_t>(grid.y);
+    if (local_backward.ok) return local_backward.grid.y;
+    return std::max<int64_t>(grid.y, ksplit.ok ? ksplit.grid.y : 0);
   }
 };
 
@@ -827,14 +839,15 @@ void set_attribute(Kernel kernel, cudaFuncAttribute attr, int value) {
 // A cluster launch of `kernel` (grid.x blocks a cluster).
 template <typename Kernel>
 cudaLaunchConfig_t cluster_config(Kernel, const dim3& grid, size_t smem, cudaStream_t stream,
-                                  cudaLaunchAttribute* attr, int threads = tc::kTcThreads) {
+                                  cudaLaunchAttribute* attr, int threads = tc::kTcThreads,
+                                  unsigned int cluster_x = 0) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = dim3(threads);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   attr->id = cudaLaunchAttributeClusterDimension;
-  attr->val.clusterDim.x = grid.x;
+  attr->val.clusterDim.x = cluster_x != 0 ? cluster_x : grid.x;
   attr->val.clusterDim.y = 1;
   attr->val.clusterDim.z = 1;
   cfg.attrs = attr;
@@ -872,6 +885,38 @@ TcPlan::Cluster compute_cluster_plan(int64_t B, int64_t S, int q, int64_t bm, in
     }
     if (clusters >= gy) best = {true, Q, bm, grid, smem};
   });
+  return best;
+}
+
+// The k-split backward's launch (see TcPlan::KSplit), or none.
+template <typename T>
+TcPlan::KSplit compute_ksplit_plan(int64_t B, int64_t S, int device, int optin) {
+  TcPlan::KSplit best;
+  if constexpr (sizeof(T) == 2) {
+    constexpr int P = tc::kKsParts;
+    const int64_t gy = (B + tc::kKsRows - 1) / tc::kKsRows;
+    const int64_t chunks = tc::ksplit_chunks<T>(S, P);
+    const size_t smem = tc::ksplit_smem<T>(S, P);
+    if (opscommon::compute_capability_major(device) < 9 || gy < 2 || gy > 65535 ||
+        S % (tc::kKsOwn * P) != 0 || chunks == 0 || chunks % tc::kWgmmaGroups != 0 ||
+        smem > static_cast<size_t>(optin)) {
+      return best;
+    }
+    auto kernel = tc::backward_ksplit_kernel<T, P>;
+    set_attribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin);
+    const dim3 grid(static_cast<unsigned int>(S / tc::kKsOwn), static_cast<unsigned int>(gy));
+    cudaLaunchAttribute attr;
+    const cudaLaunchConfig_t cfg =
+        cluster_config(kernel, grid, smem, nullptr, &attr, tc::kTcThreads, P);
+    int clusters = 0;
+    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess) {
+      (void)cudaGetLastError();  // not launchable here
+      return best;
+    }
+    if (static_cast<int64_t>(clusters) * P >= static_cast<int64_t>(grid.x) * gy) {
+      best = {true, grid, smem};
+    }
+  }
   return best;
 }
 
@@ -1458,7 +1503,7 @@ TcPlan compute_fma_plan(const Dims& d, int device, bool local) {
 
 template <typename T>
 TcPlan compute_tc_plan(const Dims& d, int device, bool local, int64_t shape, bool spread,
-                       bool wgmma) {
+                       bool wgmma, bool ksplit) {
   TcPlan best;
   if (d.S % 8 != 0 || d.S == 0 || d.B == 0 || d.S > (int64_t(1) << 16) ||
       d.B > (int64_t(1) << 24)) {
@@ -1523,6 +1568,7 @@ TcPlan compute_tc_plan(const Dims& d, int device, bool local, int64_t shape, boo
                  tc::wgmma_whole_groups<T>(d.S, best.bm) &&
                  opscommon::compute_capability_major(device) == 9 &&
                  opscommon::device_attribute<cudaDevAttrComputeCapabilityMinor>(device) == 0;
+    if (ksplit && shape == 0) best.ksplit = compute_ksplit_plan<T>(d.B, d.S, device, optin);
   }
   best.ok = best.global || (best.local_forward.ok && best.local_backward.ok);
   return best;
@@ -1574,6 +1620,7 @@ TcPlan tc_plan(const Tensor& like, const Dims& d) {
   const int64_t shape = env_int("LLTM_OP_SEQUENCE_TC_SHAPE", 0);
   const bool spread = env_int("LLTM_OP_SEQUENCE_SPREAD_CELLS", 1) != 0;
   const bool wgmma = env_int("LLTM_OP_SEQUENCE_WGMMA", 1) != 0;
+  const bool ksplit = env_int("LLTM_OP_SEQUENCE_KSPLIT", 1) != 0;
   const bool partial = env_int("LLTM_OP_SEQUENCE_PARTIAL", 1) != 0;
   struct Key {
     int device;
@@ -1581,24 +1628,25 @@ TcPlan tc_plan(const Tensor& like, const Dims& d) {
     int64_t B, S;
     bool local;
     int64_t cluster, split, rows, fma_split, shape;
-    bool fma, spread, wgmma, partial;
+    bool fma, spread, wgmma, ksplit, partial;
     bool operator==(const Key& o) const {
       return device == o.device && st == o.st && B == o.B && S == o.S && local == o.local &&
              cluster == o.cluster && split == o.split && rows == o.rows &&
              fma_split == o.fma_split && shape == o.shape && fma == o.fma && spread == o.spread &&
-             wgmma == o.wgmma && partial == o.partial;
+             wgmma == o.wgmma && ksplit == o.ksplit && partial == o.partial;
     }
   };
   return remembered<TcPlan>(
       Key{device, st, d.B, d.S, local, cluster, split, rows, fma_split, shape, fma, spread, wgmma,
-          partial},
+          ksplit, partial},
       [&] {
-        return fma ? compute_fma_plan(d, device, local)
-               : st == ST::Half
-                   ? compute_tc_plan<opscommon::Half>(d, device, local, shape, spread, wgmma)
+        return fma              ? compute_fma_plan(d, device, local)
+               : st == ST::Half ? compute_tc_plan<opscommon::Half>(d, device, local, shape, spread,
+                                                                   wgmma, ksplit)
                : st == ST::BFloat16
-                   ? compute_tc_plan<opscommon::BFloat16>(d, device, local, shape, spread, wgmma)
-                   : compute_tc_plan<float>(d, device, local, shape, spread, wgmma);
+                   ? compute_tc_plan<opscommon::BFloat16>(d, device, local, shape, spread, wgmma,
+                                                          ksplit)
+                   : compute_tc_plan<float>(d, device, local, shape, spread, wgmma, ksplit);
       });
 }
 
@@ -1829,10 +1877,17 @@ struct CudaDev {
     // The same in clusters of grid.x blocks (sm_90).
     template <typename Kernel, typename... Args>
     void launch_clusters(Kernel kernel, dim3 grid, int threads, size_t smem, Args... args) const {
+      launch_clusters_of(grid.x, kernel, grid, threads, smem, args...);
+    }
+    // The same in clusters of cluster_x blocks along x.
+    template <typename Kernel, typename... Args>
+    void launch_clusters_of(unsigned int cluster_x, Kernel kernel, dim3 grid, int threads,
+                            size_t smem, Args... args) const {
       allow_optin(kernel);
       set_attribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
       cudaLaunchAttribute attr;
-      const cudaLaunchConfig_t cfg = cluster_config(kernel, grid, smem, stream, &attr, threads);
+      const cudaLaunchConfig_t cfg =
+          cluster_config(kernel, grid, smem, stream, &attr, threads, cluster_x);
       OPSCOMMON_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, args...));
     }
     template <typename Kernel>
@@ -2025,6 +2080,7 @@ struct CudaDev {
 
   static bool backward_steps_tc(const Tensor& like, const BackwardSteps& a, const TcPlan& p) {
     if (p.local_backward.ok) return backward_steps_local(like, a, p);
+    if (p.ksplit.ok && a.batch_sizes == nullptr) return backward_steps_ksplit(like, a, p.ksplit);
     const StepLaunch s(like, kSeqBackward, a.batch_sizes, a.T);
     Tensor arrivals = arrival_counters(like, p.grid.y);
     opscommon::dispatch_floating(like.scalar_type(), kSeqBackward, [&](auto tag) {
@@ -2047,6 +2103,26 @@ struct CudaDev {
                    static_cast<const T*>(a.c0), static_cast<float*>(a.bias_partial), s.sizes(),
                    counters_of(arrivals));
         });
+      }
+    });
+    return true;
+  }
+
+  static bool backward_steps_ksplit(const Tensor& like, const BackwardSteps& a,
+                                    const TcPlan::KSplit& k) {
+    const StepLaunch s(like, kSeqBackward, nullptr, a.T);
+    Tensor arrivals = arrival_counters(like, k.grid.y);
+    opscommon::dispatch_floating(like.scalar_type(), kSeqBackward, [&](auto tag) {
+      using T = decltype(tag);
+      if constexpr (sizeof(T) == 2) {
+        constexpr int P = tc::kKsParts;
+        s.launch_clusters_of(P, tc::backward_ksplit_kernel<T, P>, k.grid, tc::kTcThreads, k.smem,
+                             a.T, a.t0, a.t1, a.K, a.B, a.S, static_cast<const T*>(a.grad_outputs),
+                             static_cast<const T*>(a.grad_h_n), static_cast<const T*>(a.grad_c_n),
+                             static_cast<T*>(a.dG), static_cast<const T*>(a.w_h), a.w_ld,
+                             static_cast<T*>(a.dc), static_cast<const T*>(a.gates),
+                             static_cast<const T*>(a.cells), static_cast<const T*>(a.c0),
+                             static_cast<float*>(a.bias_partial), counters_of(arrivals));
       }
     });
     return true;

@@ -520,6 +520,34 @@ struct Wgmma;
 #define LLTM_OP_WGMMA_INPUTS "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1)
 
 template <>
+struct Wgmma<8> {
+  template <bool kBf16>
+  __device__ __forceinline__ static void run(float (&d)[8][4], const uint32_t (&a)[4],
+                                             uint64_t desc) {
+#define LLTM_OP_WGMMA_RUN(TY)                                                                     \
+  asm volatile(                                                                                   \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                                \
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY                                     \
+      " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "   \
+      "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "                        \
+      "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"                                               \
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), \
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), \
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), \
+        "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), \
+        "+f"(d[7][2]), "+f"(d[7][3])                                                              \
+      : LLTM_OP_WGMMA_INPUTS)
+    if constexpr (kBf16) {
+      LLTM_OP_WGMMA_RUN("bf16");
+    } else {
+      LLTM_OP_WGMMA_RUN("f16");
+    }
+#undef LLTM_OP_WGMMA_RUN
+  }
+};
+
+template <>
 struct Wgmma<3> {
   template <bool kBf16>
   __device__ __forceinline__ static void run(float (&d)[3][4], const uint32_t (&a)[4],

@@ -1310,6 +1310,39 @@ def test_cuda_global_forward_wgmma_matches_the_reference(dtype, size, shape, pac
         assert len(forward) == 1 and forward[0][6] == (runs_wgmma and wgmma == "1"), names
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize(
+    "size", [(3, 128, 5, 1024), (4, 70, 3, 1024), (1, 130, 4, 1024), (3, 256, 2, 1024), (2, 64, 3, 1024)], ids=str
+)
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_cuda_ksplit_backward_matches_the_reference(dtype, size, packed):
+    """The 16-bit global-barrier backward at S = 1024 past one block row (B >
+    64) on an sm_90 device runs with k split over clusters of 4 blocks
+    (backward_ksplit_kernel: each block a quarter of k for 128 columns, the
+    partial sums exchanged in distributed shared memory) on padded batches
+    where every cluster fits at once; LLTM_OP_SEQUENCE_KSPLIT=0, packed
+    batches and B <= 64 run backward_tc_kernel. Both match float64 within
+    the dtype's error, outputs, final state and all five gradients: B = 70
+    and 130 (part-filled row blocks), 64, 128 and 256, T = 1 (the last step
+    alone: no recurrent product), two backward chunks."""
+    need("cuda")
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the k-split backward needs thread block clusters (sm_90)")
+    T, B = size[:2]
+    gen = torch.Generator().manual_seed(sum(size) + packed)
+    lengths = random_lengths(T, B, gen) if packed else [T] * B
+    bs = batch_sizes_of(lengths, T) if packed else None
+    inputs = make_args(*size, dtype=dtype, device="cuda", generator=gen)
+    for ksplit in ("1", "0"):
+        names, _, _ = _global_kernels_run(inputs, lengths, bs, dtype, LLTM_OP_SEQUENCE_KSPLIT=ksplit)
+        ran = any("backward_ksplit_kernel" in n for n in names)
+        assert not ran or (ksplit == "1" and not packed and B > 64), names
+        # Every cluster resident at once: B <= 128 (16 clusters) on any sm_90 part.
+        if ksplit == "1" and not packed and 64 < B <= 128:
+            assert ran, names
+
+
 # The global-barrier tensor-core kernels' block shapes, as
 # LLTM_OP_SEQUENCE_TC_SHAPE writes them: 1000 q + bm (8 q columns, bm rows a
 # block; bm 16 and 32 split k over the warps, 128 does not).
