@@ -1626,6 +1626,34 @@ __global__ void __launch_bounds__(kTcThreads, 1)
 
 // -- backward -------------------------------------------------------------------------------
 
+// The global-barrier backward kernels' cell inputs of step t, fetched a
+// step ahead: grad_outputs[t] (left as it is without them), G_t of the
+// three gates and c_{t-1} of the thread's pairs (row half, column group q;
+// rows row_base + 8 half, columns col_base + 8 q) that `valid` takes, two
+// columns a register.
+template <typename T, int Q, typename Valid, typename At>
+__device__ __forceinline__ void fetch_backward_inputs(
+    int64_t t, const T* go, const T* gates, const T* cells, const T* c0, int64_t S, int64_t S3,
+    int64_t step_gates, int64_t step_state, int64_t row_base, int64_t col_base, bool one,
+    Valid valid, At at, Pair<T> (&n_go)[Q][2], Pair<T> (&n_g)[Q][2][3], Pair<T> (&n_c)[Q][2]) {
+  const T* g_t = gates + t * step_gates;
+  const T* c_prev = t ? cells + (t - 1) * step_state : c0;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+#pragma unroll
+    for (int q = 0; q < Q; ++q) {
+      if (!valid(half, q)) continue;
+      const int64_t i = at(half, q), row = row_base + 8 * half, j = col_base + 8 * q;
+      if (go != nullptr) n_go[q][half] = load_pair_if(go + t * step_state + i, one);
+#pragma unroll
+      for (int g = 0; g < 3; ++g) {
+        n_g[q][half][g] = load_pair_if(g_t + row * S3 + g * S + j, one);
+      }
+      n_c[q][half] = load_pair_if(c_prev + i, one);
+    }
+  }
+}
+
 template <typename T, int Q, bool kPacked, bool kHalfRows = false>
 __global__ void __launch_bounds__(kTcThreads, 1)
     backward_tc_kernel(int64_t T_, int64_t t0, int64_t t1, int64_t K, int64_t B, int64_t S,
@@ -1662,24 +1690,10 @@ __global__ void __launch_bounds__(kTcThreads, 1)
   // last step), G_t of the three gates, c_{t-1}; two columns a register.
   Pair<T> n_go[Q][2] = {}, n_g[Q][2][3] = {}, n_c[Q][2] = {};
   const bool one = pairs_aligned<T>(go, gates, cells, c0);
+  // Without grad_outputs n_go keeps its initial zero.
   auto prefetch = [&](int64_t t) {
-    const T* g_t = gates + t * step_gates;
-    const T* c_prev = t ? cells + (t - 1) * step_state : c0;
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-#pragma unroll
-      for (int q = 0; q < Q; ++q) {
-        if (!valid(half, q)) continue;
-        const int64_t i = at(half, q), row = row_base + 8 * half, j = col_base + 8 * q;
-        // Without grad_outputs n_go keeps its initial zero.
-        if (go != nullptr) n_go[q][half] = load_pair_if(go + t * step_state + i, one);
-#pragma unroll
-        for (int g = 0; g < 3; ++g) {
-          n_g[q][half][g] = load_pair_if(g_t + row * S3 + g * S + j, one);
-        }
-        n_c[q][half] = load_pair_if(c_prev + i, one);
-      }
-    }
+    fetch_backward_inputs<T, Q>(t, go, gates, cells, c0, S, S3, step_gates, step_state, row_base,
+                                col_base, one, valid, at, n_go, n_g, n_c);
   };
   if (owner) {
     const T* dc_in = t1 - 1 == T_ - 1 ? gcn : dc;

@@ -110,22 +110,8 @@ __global__ void __launch_bounds__(kTcThreads, 1)
   Pair<T> n_go[Q][2] = {}, n_g[Q][2][3] = {}, n_c[Q][2] = {};
   const bool one = pairs_aligned<T>(go, gates, cells, c0);
   auto prefetch = [&](int64_t t) {
-    const T* g_t = gates + t * step_gates;
-    const T* c_prev = t ? cells + (t - 1) * step_state : c0;
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-#pragma unroll
-      for (int q = 0; q < Q; ++q) {
-        if (!valid(half, q)) continue;
-        const int64_t i = at(half, q), row = row_base + 8 * half, j = col_base + 8 * q;
-        if (go != nullptr) n_go[q][half] = load_pair_if(go + t * step_state + i, one);
-#pragma unroll
-        for (int g = 0; g < 3; ++g) {
-          n_g[q][half][g] = load_pair_if(g_t + row * S3 + g * S + j, one);
-        }
-        n_c[q][half] = load_pair_if(c_prev + i, one);
-      }
-    }
+    fetch_backward_inputs<T, Q>(t, go, gates, cells, c0, S, S3, step_gates, step_state, row_base,
+                                col_base, one, valid, at, n_go, n_g, n_c);
   };
   {
     const T* dc_in = t1 - 1 == T_ - 1 ? gcn : dc;
