@@ -792,9 +792,10 @@ struct TcPlan {
   bool wgmma = false;
   // The backward with k split over clusters of tc::kKsParts blocks
   // (lltm_sequence_tc_ksplit.cuh): padded batches of 16-bit types on sm_90
-  // past one block row (B > 64), where its parts are whole groups of
-  // chunks (S = 1024), its weights fit and every cluster is resident at
-  // once (LLTM_OP_SEQUENCE_KSPLIT=0: never; A/B).
+  // with the build's sm_90a code (wgmma) past one block row (B > 64),
+  // where its parts are whole groups of chunks (S = 1024), its weights fit
+  // and every cluster is resident at once (LLTM_OP_SEQUENCE_KSPLIT=0:
+  // never; A/B).
   struct KSplit {
     bool ok = false;
     dim3 grid;
@@ -888,11 +889,24 @@ TcPlan::Cluster compute_cluster_plan(int64_t B, int64_t S, int q, int64_t bm, in
   return best;
 }
 
+// Whether the code loaded for the current device has wgmma (see
+// tc::wgmma_build_probe_kernel).
+bool wgmma_loaded() {
+  cudaFuncAttributes marked = {}, unmarked = {};
+  if (cudaFuncGetAttributes(&marked, tc::wgmma_build_probe_kernel<true>) != cudaSuccess ||
+      cudaFuncGetAttributes(&unmarked, tc::wgmma_build_probe_kernel<false>) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return marked.sharedSizeBytes > unmarked.sharedSizeBytes;
+}
+
 // The k-split backward's launch (see TcPlan::KSplit), or none.
 template <typename T>
 TcPlan::KSplit compute_ksplit_plan(int64_t B, int64_t S, int device, int optin) {
   TcPlan::KSplit best;
   if constexpr (sizeof(T) == 2) {
+    if (!wgmma_loaded()) return best;
     constexpr int P = tc::kKsParts;
     const int64_t gy = (B + tc::kKsRows - 1) / tc::kKsRows;
     const int64_t chunks = tc::ksplit_chunks<T>(S, P);

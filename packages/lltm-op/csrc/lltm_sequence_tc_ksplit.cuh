@@ -42,6 +42,24 @@ inline size_t ksplit_smem(int64_t S, int P) {
          static_cast<size_t>(kKsRows / 16) * 3 * kKsOwn * sizeof(float);
 }
 
+// How the host tells whether the code loaded for a device has wgmma (an
+// sm_90a build): the marked probe's static shared memory is 16 bytes more
+// than the unmarked one's there, the same elsewhere (cudaFuncGetAttributes
+// of both; neither is launched). The plan takes the k-split backward only
+// there: on mma.sync (a build for sm_90) it took longer than the
+// global-barrier backward (H200, T256 bfloat16 B128 2963 against 2528 us).
+template <bool kMarked>
+__global__ void wgmma_build_probe_kernel(int* sink) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  if constexpr (kMarked) {
+    __shared__ int marker[4];
+    marker[threadIdx.x & 3] = static_cast<int>(threadIdx.x);
+    __syncthreads();
+    if (sink != nullptr) *sink = marker[0];
+  }
+#endif
+}
+
 // 16 bytes to the cluster's shared-memory window address `addr`.
 __device__ __forceinline__ void store_cluster_v4(uint32_t addr, const float (&v)[4]) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -58,10 +76,10 @@ __device__ __forceinline__ void store_cluster_v4(uint32_t addr, const float (&v)
 // kKsOwn, ceil(B / kKsRows)), clusters of P along x (kKsParts; 2 took
 // longer than the global-barrier backward at B128 and B192). Warpgroup
 // wg multiplies the block's k range for the cluster's columns 16 P wg ..
-// + 16 P - 1 (warp w: row tile w % 4), both warpgroups' weights in shared
-// memory (wgmma's canonical layout where the build has it, else mma.sync
-// fragments). Warp w then runs the cells of row tile w % 4 and tiles
-// 2 (w / 4), + 1 of the block's own columns.
+// + 16 P - 1 (warp w: row tile w % 4) on wgmma, both warpgroups' weights
+// in shared memory in its canonical layout (the plan launches it only
+// where the loaded code has wgmma). Warp w then runs the cells of row tile
+// w % 4 and tiles 2 (w / 4), + 1 of the block's own columns.
 template <typename T, int P>
 __global__ void __launch_bounds__(kTcThreads, 1)
     backward_ksplit_kernel(int64_t T_, int64_t t0, int64_t t1, int64_t K, int64_t B, int64_t S,
@@ -94,7 +112,7 @@ __global__ void __launch_bounds__(kTcThreads, 1)
     if constexpr (kWg) {
       load_weights_canonical<T>(reinterpret_cast<uint32_t*>(slice), KT, NT, weight);
     } else {
-      load_weights<T>(reinterpret_cast<uint2*>(slice), KT, NT, weight);
+      __trap();  // never launched without wgmma (see wgmma_build_probe_kernel)
     }
   }
   const unsigned char* my_slice = smem + wg * slice_bytes;
@@ -151,8 +169,6 @@ __global__ void __launch_bounds__(kTcThreads, 1)
             asm volatile("mov.b32 %0, %1;" : "=f"(pacc[nt][e]) : "f"(wacc[nt][e]));
           }
         }
-      } else {
-        tile_product<T, NT>(pacc, rows, kr, reinterpret_cast<const uint2*>(my_slice));
       }
       // Tile nt's sums (columns 8 (NT wg + nt) of the cluster's) to the
       // block that runs their cells, into its slot for this part.
