@@ -1626,6 +1626,34 @@ __global__ void __launch_bounds__(kTcThreads, 1)
 
 // -- backward -------------------------------------------------------------------------------
 
+// The global-barrier backward kernels' running dc of the thread's pairs
+// (see fetch_backward_inputs): loaded from `in` (none: zero) at a chunk's
+// start, stored (rounded to T) to `out` at its end.
+template <typename T, int Q, typename Valid, typename At>
+__device__ __forceinline__ void load_backward_dc(const T* in, Valid valid, At at,
+                                                 float (&dc)[Q][2][2]) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+#pragma unroll
+    for (int q = 0; q < Q; ++q) {
+      if (valid(half, q) && in != nullptr) load_floats(in + at(half, q), dc[q][half]);
+    }
+  }
+}
+template <typename T, int Q, typename Valid, typename At>
+__device__ __forceinline__ void store_backward_dc(T* out, Valid valid, At at,
+                                                  const float (&dc)[Q][2][2]) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+#pragma unroll
+    for (int q = 0; q < Q; ++q) {
+      if (!valid(half, q)) continue;
+      float a, b;
+      store_pair(out + at(half, q), pack_rounded<T>(dc[q][half][0], dc[q][half][1], a, b));
+    }
+  }
+}
+
 // The global-barrier backward kernels' cell inputs of step t, fetched a
 // step ahead: grad_outputs[t] (left as it is without them), G_t of the
 // three gates and c_{t-1} of the thread's pairs (row half, column group q;
@@ -1696,14 +1724,7 @@ __global__ void __launch_bounds__(kTcThreads, 1)
                                 col_base, one, valid, at, n_go, n_g, n_c);
   };
   if (owner) {
-    const T* dc_in = t1 - 1 == T_ - 1 ? gcn : dc;
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-#pragma unroll
-      for (int q = 0; q < Q; ++q) {
-        if (valid(half, q) && dc_in != nullptr) load_floats(dc_in + at(half, q), dc_reg[q][half]);
-      }
-    }
+    load_backward_dc<T, Q>(t1 - 1 == T_ - 1 ? gcn : dc, valid, at, dc_reg);
     prefetch(t1 - 1);
   }
 
@@ -1784,17 +1805,7 @@ __global__ void __launch_bounds__(kTcThreads, 1)
     if (t > t0) row_wait(arrivals, static_cast<unsigned long long>(t1 - t) * gridDim.x);
   }
   // The chunk's last step is the earliest: its dc is d c_{t0 - 1}.
-  if (owner) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-#pragma unroll
-      for (int q = 0; q < Q; ++q) {
-        if (!valid(half, q)) continue;
-        float a, b;
-        store_pair(dc + at(half, q), pack_rounded<T>(dc_reg[q][half][0], dc_reg[q][half][1], a, b));
-      }
-    }
-  }
+  if (owner) store_backward_dc<T, Q>(dc, valid, at, dc_reg);
 }
 
 }  // namespace tc

@@ -131,17 +131,8 @@ __global__ void __launch_bounds__(kTcThreads, 1)
     fetch_backward_inputs<T, Q>(t, go, gates, cells, c0, S, S3, step_gates, step_state, row_base,
                                 col_base, one, valid, at, n_go, n_g, n_c);
   };
-  {
-    const T* dc_in = t1 - 1 == T_ - 1 ? gcn : dc;
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-#pragma unroll
-      for (int q = 0; q < Q; ++q) {
-        if (valid(half, q) && dc_in != nullptr) load_floats(dc_in + at(half, q), dc_reg[q][half]);
-      }
-    }
-    prefetch(t1 - 1);
-  }
+  load_backward_dc<T, Q>(t1 - 1 == T_ - 1 ? gcn : dc, valid, at, dc_reg);
+  prefetch(t1 - 1);
 
   // The block's k range of the warp's rows (clamped to the batch: rows past
   // it are not stored); the slice in shared memory starts at its first k.
@@ -238,15 +229,7 @@ __global__ void __launch_bounds__(kTcThreads, 1)
     }
     if (t > t0) row_wait(arrivals, static_cast<unsigned long long>(t1 - t) * gridDim.x);
   }
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-#pragma unroll
-    for (int q = 0; q < Q; ++q) {
-      if (!valid(half, q)) continue;
-      float a, b;
-      store_pair(dc + at(half, q), pack_rounded<T>(dc_reg[q][half][0], dc_reg[q][half][1], a, b));
-    }
-  }
+  store_backward_dc<T, Q>(dc, valid, at, dc_reg);
 }
 
 }  // namespace tc
