@@ -906,14 +906,15 @@ template <typename T>
 TcPlan::KSplit compute_ksplit_plan(int64_t B, int64_t S, int device, int optin) {
   TcPlan::KSplit best;
   if constexpr (sizeof(T) == 2) {
-    if (!wgmma_loaded()) return best;
     constexpr int P = tc::kKsParts;
     const int64_t gy = (B + tc::kKsRows - 1) / tc::kKsRows;
     const int64_t chunks = tc::ksplit_chunks<T>(S, P);
     const size_t smem = tc::ksplit_smem<T>(S, P);
+    // The size's checks first: the driver's (the loaded code, the clusters)
+    // only for a size the kernel takes.
     if (opscommon::compute_capability_major(device) < 9 || gy < 2 || gy > 65535 ||
         S % (tc::kKsOwn * P) != 0 || chunks == 0 || chunks % tc::kWgmmaGroups != 0 ||
-        smem > static_cast<size_t>(optin)) {
+        smem > static_cast<size_t>(optin) || !wgmma_loaded()) {
       return best;
     }
     auto kernel = tc::backward_ksplit_kernel<T, P>;
