@@ -2037,6 +2037,61 @@ def test_cuda_cublas_path_cell_kernels_launched_early_match_plain_launches(dtype
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("grad", [True, False], ids=["training", "inference"])
+@pytest.mark.parametrize(
+    ("B", "S", "splits", "packed"),
+    [(37, 64, "4", False), (5, 48, "12", False), (3, 24, "2", True), (6, 30, "2", False), (4, 64, "1", False)],
+    ids=str,
+)
+def test_cuda_cublas_path_vectorized_cells_match_the_scalar_cells(B, S, splits, packed, grad):
+    """Full float32 on the cuBLAS path with its step products in parts of k
+    (LLTM_OP_SEQUENCE_STEP_SPLITS): the forward cells run in 16-byte
+    accesses where S is whole vectors of 4, and the outputs (and in
+    training all five gradients) equal those of the element-wise kernel
+    (LLTM_OP_SEQUENCE_CELL_VEC=0) bit for bit, and float64's within
+    float32's error: 4 parts, 12 (past the 8 whose loads go together),
+    inference. Which kernel ran, a step: the vectorized one exactly where S
+    is whole vectors and the product comes in parts (S = 30, one product a
+    step and a packed run, which takes one, keep the element-wise kernel)."""
+    need("cuda")
+    T, F = 6, 9
+    gen = torch.Generator().manual_seed(B * 100 + S)
+    lengths = random_lengths(T, B, gen) if packed else [T] * B
+    bs = batch_sizes_of(lengths, T) if packed else None
+    base = make_args(T, B, F, S, dtype=torch.float32, device="cuda", generator=gen)
+    for r, n in enumerate(lengths):
+        base[0][n:, r] = 0
+    grads = [torch.randn(shape, generator=gen).to("cuda") for shape in ((T, B, S), (B, S), (B, S))]
+    results, names = {}, {}
+    for vec in ("1", "0"):
+        args = [t.detach().clone().requires_grad_(grad) for t in base]
+
+        def run():
+            with torch.set_grad_enabled(grad):
+                out = run_op(*args, bs)[:3]
+            if grad:
+                torch.autograd.backward(list(out), grads)
+            results[vec] = [o.detach() for o in out] + ([a.grad for a in args] if grad else [])
+
+        settings = dict(LLTM_OP_SEQUENCE_STEP_SPLITS=splits, LLTM_OP_SEQUENCE_CELL_VEC=vec)
+        with env(LLTM_OP_SEQUENCE_FUSED="0", **settings), tf32_matmul(False):
+            names[vec] = _cuda_kernel_names(run)
+    for name, a, b in zip(RESULT_NAMES, results["1"], results["0"]):
+        assert torch.equal(a, b), name
+    vectorizes = S % 4 == 0 and int(splits) > 1 and not packed
+    for vec in ("1", "0"):
+        ran = [n for n in names[vec] if "forward_cell_" in n]
+        vectorized = [n for n in ran if "forward_cell_vec_kernel" in n]
+        assert len(ran) == T and len(vectorized) == (T if vectorizes and vec == "1" else 0), ran
+    ref_args = [t.detach().double().cpu().requires_grad_() for t in base]
+    ref = packed_reference(ref_args, lengths)
+    torch.autograd.backward(ref, [g.double().cpu() for g in grads])
+    expected = [*ref, *(a.grad for a in ref_args)] if grad else ref
+    for name, g, r in zip(RESULT_NAMES, results["1"], expected):
+        assert rel_err(g.cpu(), r) <= LIMITS[torch.float32], name
+
+
+@pytest.mark.cuda
 def test_cuda_tensor_core_kernels_read_a_misaligned_initial_state():
     """old_h that starts at an odd element (a contiguous view of a larger
     buffer): the kernel reads h in 16-byte loads, so it gets an aligned copy."""
