@@ -1682,6 +1682,76 @@ __device__ __forceinline__ void fetch_backward_inputs(
   }
 }
 
+// The step's backward cells of a thread's pairs (as fetch_backward_inputs
+// takes them), from the tile product's sums `acc` (column group q's in
+// acc[q]): `live(row)` whether the row runs the step, `row_last(row)`
+// whether it is the row's last (grad_h_n comes in). Stores dG_t's pairs and
+// adds them by column into `sums`, the bias gradient's over the thread's
+// rows.
+template <typename T, int Q, int N, typename Valid, typename At, typename Live, typename Last>
+__device__ __forceinline__ void backward_cells(const float (&acc)[N][4], T* dg_t, int64_t S,
+                                               int64_t S3, int64_t row_base, int64_t col_base,
+                                               Valid valid, At at, Live live, Last row_last,
+                                               const T* ghn, const Pair<T> (&n_go)[Q][2],
+                                               const Pair<T> (&n_g)[Q][2][3],
+                                               const Pair<T> (&n_c)[Q][2], float (&dc)[Q][2][2],
+                                               float (&sums)[3][Q][2]) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+#pragma unroll
+    for (int q = 0; q < Q; ++q) {
+      if (!valid(half, q)) continue;
+      const int64_t i = at(half, q), row = row_base + 8 * half, j = col_base + 8 * q;
+      const float rec[2] = {acc[q][2 * half], acc[q][2 * half + 1]};
+      float d[3][2];
+      backward_pair<T>(live(row), rec, n_go[q][half],
+                       row_last(row) && ghn != nullptr ? ghn + i : nullptr, n_g[q][half],
+                       n_c[q][half], dc[q][half], d);
+#pragma unroll
+      for (int g = 0; g < 3; ++g) {
+        float r0v, r1v;
+        store_pair(dg_t + row * S3 + g * S + j, pack_rounded<T>(d[g][0], d[g][1], r0v, r1v));
+        sums[g][q][0] += d[g][0];
+        sums[g][q][1] += d[g][1];
+      }
+    }
+  }
+}
+
+// A warp's bias-gradient sums over its tile's 16 rows (lanes with the same
+// lane % 4 hold the same columns) into `tile`, the tile's [3][W] sums
+// (column group q's pair at 8 q + 2 (lane % 4)).
+template <int Q>
+__device__ __forceinline__ void store_tile_bias_sums(float* tile, int W,
+                                                     const float (&sums)[3][Q][2], int lane) {
+#pragma unroll
+  for (int g = 0; g < 3; ++g) {
+#pragma unroll
+    for (int q = 0; q < Q; ++q) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float v = sum_over_rows(sums[g][q][e]);
+        if (lane < 4) tile[g * W + 8 * q + 2 * lane + e] = v;
+      }
+    }
+  }
+}
+
+// The block's bias-gradient sums of its W columns from j0, its `tiles`
+// row tiles' in order (deterministic), added to `partial_row` ([3S]): this
+// block alone adds to these entries.
+__device__ __forceinline__ void add_block_bias_sums(float* partial_row, const float* bsum, int W,
+                                                    int tiles, int64_t j0, int64_t S) {
+  for (int e = threadIdx.x; e < 3 * W; e += blockDim.x) {
+    const int g = e / W, c = e % W;
+    const int64_t j = j0 + c;
+    if (j >= S) continue;
+    float s = 0.f;
+    for (int m = 0; m < tiles; ++m) s += bsum[m * 3 * W + e];
+    partial_row[g * S + j] += s;
+  }
+}
+
 template <typename T, int Q, bool kPacked, bool kHalfRows = false>
 __global__ void __launch_bounds__(kTcThreads, 1)
     backward_tc_kernel(int64_t T_, int64_t t0, int64_t t1, int64_t K, int64_t B, int64_t S,
@@ -1752,56 +1822,19 @@ __global__ void __launch_bounds__(kTcThreads, 1)
     // next step's inputs and sums the bias gradient while the others arrive.
     float sums[3][Q][2] = {};
     if (owner) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-#pragma unroll
-        for (int q = 0; q < Q; ++q) {
-          if (!valid(half, q)) continue;
-          const int64_t i = at(half, q), row = row_base + 8 * half, j = col_base + 8 * q;
-          const bool row_last = kPacked ? row >= n_next : last;
-          const float rec[2] = {acc[q][2 * half], acc[q][2 * half + 1]};
-          float d[3][2];
-          backward_pair<T>(!kPacked || row < n, rec, n_go[q][half],
-                           row_last && ghn != nullptr ? ghn + i : nullptr, n_g[q][half],
-                           n_c[q][half], dc_reg[q][half], d);
-#pragma unroll
-          for (int g = 0; g < 3; ++g) {
-            float r0v, r1v;
-            store_pair(dg_t + row * S3 + g * S + j, pack_rounded<T>(d[g][0], d[g][1], r0v, r1v));
-            sums[g][q][0] += d[g][0];
-            sums[g][q][1] += d[g][1];
-          }
-        }
-      }
+      backward_cells<T, Q>(
+          acc, dg_t, S, S3, row_base, col_base, valid, at,
+          [&](int64_t row) { return !kPacked || row < n; },
+          [&](int64_t row) { return kPacked ? row >= n_next : last; }, ghn, n_go, n_g, n_c, dc_reg,
+          sums);
     }
     if (t > t0) row_arrive(arrivals);
     if (owner) {
       if (t > t0) prefetch(t - 1);
-      // Column sums over the tile's 16 rows: lanes with the same lane % 4
-      // hold the same columns.
-#pragma unroll
-      for (int g = 0; g < 3; ++g) {
-#pragma unroll
-        for (int q = 0; q < Q; ++q) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float v = sum_over_rows(sums[g][q][e]);
-            if (lane < 4) bsum[mt * 3 * NJ + g * NJ + 8 * q + 2 * lane + e] = v;
-          }
-        }
-      }
+      store_tile_bias_sums<Q>(bsum + mt * 3 * NJ, NJ, sums, lane);
     }
     __syncthreads();
-    // The block's bias-gradient sums, its row tiles in order (deterministic):
-    // this block alone adds to these (block row, column) entries.
-    for (int e = threadIdx.x; e < 3 * NJ; e += blockDim.x) {
-      const int g = e / NJ, c = e % NJ;
-      const int64_t j = j0 + c;
-      if (j >= S) continue;
-      float s = 0.f;
-      for (int m = 0; m < sp.I; ++m) s += bsum[m * 3 * NJ + e];
-      partial[static_cast<int64_t>(blockIdx.y) * S3 + g * S + j] += s;
-    }
+    add_block_bias_sums(partial + static_cast<int64_t>(blockIdx.y) * S3, bsum, NJ, sp.I, j0, S);
     if (t > t0) row_wait(arrivals, static_cast<unsigned long long>(t1 - t) * gridDim.x);
   }
   // The chunk's last step is the earliest: its dc is d c_{t0 - 1}.

@@ -185,48 +185,16 @@ __global__ void __launch_bounds__(kTcThreads, 1)
     }
     // The cells and the step's dG, then the arrival (as backward_tc_kernel).
     float sums[3][Q][2] = {};
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-#pragma unroll
-      for (int q = 0; q < Q; ++q) {
-        if (!valid(half, q)) continue;
-        const int64_t i = at(half, q), row = row_base + 8 * half, j = col_base + 8 * q;
-        const float rec[2] = {acc[q][2 * half], acc[q][2 * half + 1]};
-        float d[3][2];
-        backward_pair<T>(true, rec, n_go[q][half], last && ghn != nullptr ? ghn + i : nullptr,
-                         n_g[q][half], n_c[q][half], dc_reg[q][half], d);
-#pragma unroll
-        for (int g = 0; g < 3; ++g) {
-          float r0v, r1v;
-          store_pair(dg_t + row * S3 + g * S + j, pack_rounded<T>(d[g][0], d[g][1], r0v, r1v));
-          sums[g][q][0] += d[g][0];
-          sums[g][q][1] += d[g][1];
-        }
-      }
-    }
+    backward_cells<T, Q>(
+        acc, dg_t, S, S3, row_base, col_base, valid, at, [](int64_t) { return true; },
+        [&](int64_t) { return last; }, ghn, n_go, n_g, n_c, dc_reg, sums);
     if (t > t0) row_arrive(arrivals);
     if (t > t0) prefetch(t - 1);
-#pragma unroll
-    for (int g = 0; g < 3; ++g) {
-#pragma unroll
-      for (int q = 0; q < Q; ++q) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float v = sum_over_rows(sums[g][q][e]);
-          if (lane < 4) bsum[(mt * 3 + g) * kKsOwn + 16 * wg + 8 * q + 2 * lane + e] = v;
-        }
-      }
-    }
+    store_tile_bias_sums<Q>(bsum + mt * 3 * kKsOwn + 16 * wg, kKsOwn, sums, lane);
     __syncthreads();
     // The bias-gradient sums of the block's columns, row tiles in order.
-    for (int e = threadIdx.x; e < 3 * kKsOwn; e += blockDim.x) {
-      const int g = e / kKsOwn, c = e % kKsOwn;
-      const int64_t j = j0 + c;
-      if (j >= S) continue;
-      float s = 0.f;
-      for (int m = 0; m < kKsRows / 16; ++m) s += bsum[m * 3 * kKsOwn + e];
-      partial[static_cast<int64_t>(blockIdx.y) * S3 + g * S + j] += s;
-    }
+    add_block_bias_sums(partial + static_cast<int64_t>(blockIdx.y) * S3, bsum, kKsOwn, kKsRows / 16,
+                        j0, S);
     if (t > t0) row_wait(arrivals, static_cast<unsigned long long>(t1 - t) * gridDim.x);
   }
   store_backward_dc<T, Q>(dc, valid, at, dc_reg);
