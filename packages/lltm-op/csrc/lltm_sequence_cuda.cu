@@ -62,7 +62,7 @@
 #include "opscommon/checks.h"
 #include "opscommon/cuda.h"
 #include "opscommon/dispatch.h"
-#include "opscommon/vectorized.h"  // is_aligned
+#include "opscommon/vectorized.h"
 
 namespace lltm_op {
 namespace seq {
@@ -244,11 +244,9 @@ __global__ void __launch_bounds__(kCellVecThreads)
                             const float* __restrict__ bias, const float* __restrict__ c_prev,
                             float* __restrict__ h, float* __restrict__ c, float* __restrict__ h_n,
                             float* __restrict__ c_n) {
-  auto load = [](const float* p) { return *reinterpret_cast<const float4*>(p); };
-  auto store = [](float* p, const float4& v) { *reinterpret_cast<float4*>(p) = v; };
-  auto at = [](float4& v, int e) -> float& {
-    return e == 0 ? v.x : e == 1 ? v.y : e == 2 ? v.z : v.w;
-  };
+  using Vec = opscommon::AlignedVector<float, 4>;
+  auto load = [](const float* p) { return opscommon::load_vector<4>(p, 0); };
+  auto store = [](float* p, const Vec& v) { opscommon::store_vector<4>(p, 0, v); };
   const int64_t j = (static_cast<int64_t>(blockIdx.x) * kCellVecThreads + threadIdx.x) * 4;
   wait_for_grid_dependencies();
   grid_dependents_may_launch();
@@ -256,8 +254,8 @@ __global__ void __launch_bounds__(kCellVecThreads)
   for (int64_t r = blockIdx.y; r < B; r += gridDim.y) {
     float* g = gates + r * 3 * S;
     const float* row_parts = parts + r * 3 * S + j;
-    float4 gv[3], bv[3], product[3];
-    float4 pv[kLoadedParts][3];
+    Vec gv[3], bv[3], product[3] = {};
+    Vec pv[kLoadedParts][3];
 #pragma unroll
     for (int z = 0; z < kLoadedParts; ++z) {
       if (z < splits) {
@@ -269,16 +267,13 @@ __global__ void __launch_bounds__(kCellVecThreads)
     for (int k = 0; k < 3; ++k) {
       gv[k] = load(g + k * S + j);
       bv[k] = load(bias + k * S + j);
-      product[k] = make_float4(0.f, 0.f, 0.f, 0.f);
     }
-    float4 cv = load(c_prev + r * S + j);
-    auto add_part = [&](const float4(&part)[3]) {
+    const Vec cv = load(c_prev + r * S + j);
+    auto add_part = [&](const Vec(&part)[3]) {
 #pragma unroll
       for (int k = 0; k < 3; ++k) {
-        product[k].x += part[k].x;
-        product[k].y += part[k].y;
-        product[k].z += part[k].z;
-        product[k].w += part[k].w;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) product[k].val[e] += part[k].val[e];
       }
     };
 #pragma unroll
@@ -286,24 +281,22 @@ __global__ void __launch_bounds__(kCellVecThreads)
       if (z < splits) add_part(pv[z]);
     }
     for (int64_t z = kLoadedParts; z < splits; ++z) {
-      float4 more[3];
+      Vec more[3];
 #pragma unroll
       for (int k = 0; k < 3; ++k) more[k] = load(row_parts + z * stride + k * S);
       add_part(more);
     }
-    float4 hv, cv_out;
+    Vec hv, cv_out;
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       float pre[3];
 #pragma unroll
       for (int k = 0; k < 3; ++k) {
-        pre[k] = at(gv[k], e) + at(product[k], e) + at(bv[k], e);
-        at(gv[k], e) = pre[k];
+        pre[k] = gv[k].val[e] + product[k].val[e] + bv[k].val[e];
+        gv[k].val[e] = pre[k];
       }
-      float nh, nc;
-      cell_forward_math<float, MathFor<float>>(pre[0], pre[1], pre[2], at(cv, e), nh, nc);
-      at(hv, e) = nh;
-      at(cv_out, e) = nc;
+      cell_forward_math<float, MathFor<float>>(pre[0], pre[1], pre[2], cv.val[e], hv.val[e],
+                                               cv_out.val[e]);
     }
 #pragma unroll
     for (int k = 0; k < 3; ++k) store(g + k * S + j, gv[k]);
