@@ -484,7 +484,7 @@ STABLE_TORCH_LIBRARY_FRAGMENT(lltm_op, m) {
       "Tensor c_n, Tensor gates, Tensor cells)");
   // sequence_forward's outputs, h_n and c_n with nothing kept for a
   // backward (inference): the cell states of two steps, and past 16 MiB the
-  // input projection of an eighth of the steps (at least 32) at a time, so
+  // input projection of a quarter of the steps (at least 32) at a time, so
   // that a long run takes less memory than a loop of cells
   // (inference_chunk_steps). Not differentiable (an error if a gradient is
   // asked for).

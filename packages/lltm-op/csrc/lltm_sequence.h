@@ -571,13 +571,16 @@ struct ForwardResult {
 // backward) holds the input projection of at once; its cell states take
 // two slots whatever the chunk (see sequence_forward). Where the
 // projection and cell states of every step (4S values a row and step)
-// would take more than kInferenceKeepBytes: an eighth of the steps, so that
+// would take more than kInferenceKeepBytes: a quarter of the steps, so that
 // a long run takes less memory than a loop of cells collecting its outputs
-// (outputs, then as much again), but never fewer than kInferenceChunkSteps
-// (a chunk costs a product, a launch and the loading of the step kernels'
+// (outputs, then as much again; at T128, four chunks peaked at 0.89-0.93x
+// its memory on an H200), but never fewer than kInferenceChunkSteps (a
+// chunk costs a product, a launch and the loading of the step kernels'
 // weights: at T64 B256 S512 eight chunks of 8 steps made the run 26%
 // slower, and on an H200 four chunks of 16 instead of two of 32 took 2-19%
-// longer at T16-T64); below the bytes, all steps at once.
+// longer at T16-T64; eight chunks of 32 instead of four of 64, float16
+// B16 S1024 T256, 985 against 907 us, S768 881 against 839); below the
+// bytes, all steps at once.
 // LLTM_OP_SEQUENCE_INFERENCE_CHUNKS=n overrides the count (chunks of T / n
 // steps). A chunk of fewer steps than T is a whole number of pairs of steps
 // (rounded up), so that its last step's cell state is in the second slot.
@@ -587,7 +590,7 @@ inline int64_t inference_chunk_steps(const Dims& d, int64_t esize) {
   const double all = 4.0 * static_cast<double>(d.T) * d.B * d.S * esize;
   const int64_t chunks =
       env_int("LLTM_OP_SEQUENCE_INFERENCE_CHUNKS",
-              all > kInferenceKeepBytes ? std::min<int64_t>(8, d.T / kInferenceChunkSteps) : 1);
+              all > kInferenceKeepBytes ? std::min<int64_t>(4, d.T / kInferenceChunkSteps) : 1);
   if (chunks <= 1) return d.T;
   const int64_t steps = ((d.T + chunks - 1) / chunks + 1) & ~int64_t{1};
   return std::min(steps, d.T);

@@ -1367,6 +1367,21 @@ void use_partial_sums(LocalLaunch& l, int64_t rows, int64_t S, int64_t gy, int o
 
 // The largest state size that the rule runs on 8 rows a cluster.
 constexpr int64_t kLocalEightRowsMaxS = 256;
+// Past it, the 16-bit forward up to S = 512 (on clusters of 16 blocks
+// there) runs on 8 rows a cluster where those clusters take at most half
+// the multiprocessors (B <= 32 on an H100 or H200): its step is mostly per
+// row, as below, and twice the clusters still leave most of the GPU idle.
+// H200, T256, wall time of a call, us, 16 rows against 8: float16 S = 512
+// inference B16 745 / 578, B24 874 / 676, B32 802 / 639, T1024 B16 2582 /
+// 1980; bfloat16 B16 770 / 604; S = 384 float16 B16 561 / 459, bfloat16
+// B32 701 / 558; forward+backward (its backward on the global-barrier
+// kernels either way) float16 B16 1641 / 1520, B32 1785 / 1633, T1024 B16
+// 5848 / 5258. Past that batch the clusters of 8 rows would be of 8
+// blocks, slower (see compute_local_launch).
+template <typename T>
+bool wide_eight_rows(int64_t S, bool forward) {
+  return sizeof(T) == 2 && forward && S > kLocalEightRowsMaxS && S <= 512;
+}
 
 // Whether the rule runs a batch of at most 8 rows (one cluster either way)
 // on 8 rows a cluster: S = 128 in 16-bit types, S = 128 to 256 in float32
@@ -1386,7 +1401,8 @@ bool eight_rows_at_small_batch(int64_t S) {
 // One direction's launch with `rows` batch rows a cluster (tc::kLocalRows,
 // or tc::kLocalEightRows: clusters only; by the rule, `eight_rule`, up to S
 // = 256, where they are at most 8 blocks and take a multiprocessor each:
-// past B = 8, and at B <= 8 where eight_rows_at_small_batch says).
+// past B = 8, and at B <= 8 where eight_rows_at_small_batch says; and the
+// 16-bit forward past S = 256 where wide_eight_rows says).
 template <typename T>
 LocalLaunch compute_local_launch_rows(const Dims& d, int device, int sms, int optin, bool forward,
                                       int64_t rows, bool eight_rule = false) {
@@ -1397,7 +1413,8 @@ LocalLaunch compute_local_launch_rows(const Dims& d, int device, int sms, int op
   if (gy > 65535 || d.B * 3 * d.S >= (int64_t(1) << 31)) return launch;
   const int64_t want = env_int("LLTM_OP_SEQUENCE_LOCAL_CLUSTER", 0);
   if (want == 0 && d.S > local_max_s<T>(forward)) return launch;
-  if (eight_rule && (d.S > kLocalEightRowsMaxS ||
+  const bool wide = wide_eight_rows<T>(d.S, forward);
+  if (eight_rule && ((d.S > kLocalEightRowsMaxS && !wide) ||
                      (d.B <= tc::kLocalEightRows && !eight_rows_at_small_batch<T>(d.S)))) {
     return launch;
   }
@@ -1429,7 +1446,10 @@ LocalLaunch compute_local_launch_rows(const Dims& d, int device, int sms, int op
     if (want > 0 ? C != want : (C == 1 ? tiles > one_block_tiles : warps > cluster_warps)) {
       continue;
     }
-    if (eight_rule && (C > 8 || gy * C > sms)) return launch;
+    if (eight_rule &&
+        (wide ? C != tc::kLocalMaxCluster || 2 * gy * C > sms : C > 8 || gy * C > sms)) {
+      return launch;
+    }
     for (int split = local_forward_split<T>(forward, C, d.S, warps); split >= 1; --split) {
       const size_t smem = forward ? tc::local_forward_smem<T>(d.S, Q, C, split, rows)
                                   : tc::local_backward_smem<T>(d.S, Q, C, rows);

@@ -1098,6 +1098,40 @@ def test_cuda_block_local_clusters_match_the_reference(dtype, C, S, packed, spli
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("B", [13, 32, 40], ids=str)
+@pytest.mark.parametrize("S", [264, 512], ids=str)
+def test_cuda_wide_16bit_forward_takes_eight_rows_where_its_clusters_fit(dtype, B, S):
+    """Past S = 256 (up to 512) the 16-bit block-local forward runs on
+    clusters of 16 blocks; the rule gives them 8 batch rows where those
+    clusters take at most half the multiprocessors (B <= 32 on an H100 or
+    H200), else 16: the forward kernel's row count as its name says, and
+    float64's result within the dtype's error (the backward runs the
+    global-barrier kernels here)."""
+    need("cuda")
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("8 rows a cluster are the clusters' variant (sm_90)")
+    T, F = 5, 6
+    gen = torch.Generator().manual_seed(B * S)
+    lengths = [T] * B
+    args = make_args(T, B, F, S, dtype=dtype, device="cuda", generator=gen)
+    args, ref_args, ref, grads = packed_case(args, lengths, gen)
+    out = []
+
+    def run():
+        out.extend(run_op(*args, None)[:3])
+        torch.autograd.backward(out, [g.to("cuda", dtype) for g in grads])
+
+    with env(LLTM_OP_SEQUENCE_TENSOR_CORES="1", LLTM_OP_SEQUENCE_CHUNKS=2):
+        names = _cuda_kernel_names(run)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    want = "8" if 2 * 16 * ((B + 7) // 8) <= sms else "16"
+    forward = [a for kind, a in _tc_kernel_args(names, "tc_local") if kind == "forward"]
+    assert [a[5] for a in forward] == [want], names
+    assert_packed_run_matches(out, args, ref, ref_args, grads, lengths, LIMITS[dtype])
+
+
+@pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
 @pytest.mark.parametrize("B", [3, 8], ids=str)
 @pytest.mark.parametrize("S", [120, 128, 256], ids=str)
@@ -2287,7 +2321,7 @@ def test_cuda_peak_memory_at_most_the_loop_of_cells(size, dtype, tf32):
 def test_cuda_inference_peak_memory_at_most_the_loop_of_cells(size, dtype):
     """A forward with no gradient to give (torch.no_grad) keeps nothing for a
     backward: where the gates and cells of every step would take more than
-    16 MiB and T >= 128 (chunks of at least 32 steps, an eighth of the
+    16 MiB and T >= 128 (chunks of at least 32 steps, a quarter of the
     steps; the cell states of two steps), at peak it allocates no more than
     the loop of lltm_op cells collecting its outputs (the forward that keeps
     them all allocates about 2.5 times that). At T128 it is the two cell
