@@ -36,6 +36,8 @@
 //   resident): persistent kernels with each block's slice of W_h in shared
 //   memory for all steps and the product on mma.sync
 //   (lltm_sequence_tc.cuh); taken first wherever it applies (tc_plan).
+//   Other state sizes run it padded to a multiple of 8 where the call is
+//   small (padded_state).
 //
 // LLTM_OP_SEQUENCE_FUSED=0/1 forces a path (tests, benchmarks); unset, the
 // fused path runs when B * 3S * S <= 2^26 multiply-adds per step.
@@ -762,6 +764,28 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t c = i - r * cols;
     T* p = dst + r * ld + c;
     *p = to_storage<T>(to_acc(*p) + to_acc(src[i]));
+  }
+}
+
+// dst [rows, n_dst] (row stride ld_dst) from src (row stride ld_src): dst
+// row g * group_dst + i is src row g * group_src + i for i < live, zero past
+// it; its columns are that row's with `insert` zero columns at column `at`
+// (insert < 0: -insert of src's columns there left out). Pads a state size
+// to a multiple of 8 and cuts it back (see padded_state).
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    pad_columns_kernel(int64_t rows, int64_t n_dst, int64_t group_dst, int64_t group_src,
+                       int64_t live, int64_t at, int64_t insert, int64_t ld_dst, int64_t ld_src,
+                       T* __restrict__ dst, const T* __restrict__ src) {
+  const int64_t n = rows * n_dst;
+  OPSCOMMON_KERNEL_LOOP(e, n) {
+    const int64_t r = e / n_dst, c = e - r * n_dst;
+    const int64_t g = r / group_dst, i = r - g * group_dst;
+    T v = to_storage<T>(Acc<T>(0));
+    if (i < live && (c < at || c >= at + insert)) {
+      v = src[(g * group_src + i) * ld_src + (c < at ? c : c - insert)];
+    }
+    dst[r * ld_dst + c] = v;
   }
 }
 
@@ -2791,15 +2815,100 @@ struct CudaDev {
       OPSCOMMON_CUDA_CHECK_LAUNCH();
     });
   }
+
+  // pad_columns_kernel over contiguous dst and src (its arguments but the
+  // pointers and strides: those of dst's rows x n_dst and src's rows of
+  // ld_src elements).
+  struct PadColumns {
+    int64_t rows, n_dst, group_dst, group_src, live, at, insert, ld_src;
+  };
+  static void pad_columns(Tensor& dst, const Tensor& src, const PadColumns& a) {
+    const int device = dst.get_device();
+    const cudaStream_t stream = opscommon::current_stream(device);
+    if (a.rows * a.n_dst == 0) return;
+    opscommon::dispatch_floating(dst.scalar_type(), kSeqForward, [&](auto tag) {
+      using T = decltype(tag);
+      const auto cfg = opscommon::launch_config(a.rows * a.n_dst, device, kThreads, 8);
+      pad_columns_kernel<T><<<cfg.blocks, cfg.threads, 0, stream>>>(
+          a.rows, a.n_dst, a.group_dst, a.group_src, a.live, a.at, a.insert, a.n_dst, a.ld_src,
+          dst.mutable_data_ptr<T>(), src.const_data_ptr<T>());
+      OPSCOMMON_CUDA_CHECK_LAUNCH();
+    });
+  }
 };
 
 }  // namespace
 
+// -- state sizes that are not a multiple of 8 -------------------------------------------------
+//
+// The tensor-core kernels (path 1, and full float32's block-local FMA
+// kernels) take S a multiple of 8. A call of another S runs them at Sp, the
+// next multiple of 8, where they run at Sp (tc_plan) and the call is small
+// (its padded outputs, gates and cells, 5 T B Sp elements, in kPadMaxBytes;
+// past that paths 2 and 3 run it as they did, at no cost in memory): the
+// padded columns of the weights, bias and initial state are zero, which
+// keeps those columns of h and c zero at every step (their input and output
+// gates are 0.5 and their candidate elu(0) = 0: c stays 0, h = 0.5 tanh(0)),
+// W_h's padded rows multiply only those zeros and its padded columns are
+// zero, and every gradient of a padded column is zero. The real columns get
+// what the kernels compute at any size. Copies in and out are one launch a
+// tensor (pad_columns_kernel). H200, float16 B3 S100 T128, wall time of a
+// call against nn.LSTM: inference 1.48x before, forward+backward 1.05x (see
+// the README). LLTM_OP_SEQUENCE_PAD=0 keeps such calls on paths 2 and 3.
+constexpr double kPadMaxBytes = 16.0 * (1 << 20);
+
+int64_t padded_state(const Tensor& like, const Dims& d) {
+  if (d.S % 8 == 0 || d.T == 0 || d.B == 0 || d.S > (int64_t(1) << 16)) return 0;
+  if (env_int("LLTM_OP_SEQUENCE_PAD", 1) == 0) return 0;
+  Dims p = d;
+  p.S = (d.S + 7) / 8 * 8;
+  const double bytes = 5.0 * static_cast<double>(d.T) * static_cast<double>(d.B) *
+                       static_cast<double>(p.S) * static_cast<double>(like.element_size());
+  if (bytes > kPadMaxBytes) return 0;
+  return tc_plan(like, p).ok ? p.S : 0;
+}
+
+// t (contiguous or not) with its last dimension, `groups` blocks of `from`
+// columns, in blocks of `to` columns: zero columns after each block's
+// `from` (to > from) or its first `to` only (to < from).
+Tensor resize_state(const char* op, const char* what, const Tensor& t, int64_t from, int64_t to) {
+  const Tensor src = dense(t);
+  std::vector<int64_t> sizes(static_cast<size_t>(src.dim()));
+  for (int64_t k = 0; k < src.dim(); ++k) sizes[k] = src.size(k);
+  sizes.back() = sizes.back() / from * to;
+  Tensor dst = alloc(op, what, src, sizes);
+  const int64_t rows = src.numel() / from;
+  CudaDev::pad_columns(dst, src, {rows, to, 1, 1, 1, std::min(from, to), to - from, from});
+  return dst;
+}
+
+// The weights [3S, S + F] as [3Sp, Sp + F] (pad) or back (a gradient).
+Tensor resize_weights(const char* op, const Tensor& t, int64_t from, int64_t to, int64_t F) {
+  const Tensor src = dense(t);
+  Tensor dst = alloc(op, "the weights at a padded state size", src, {3 * to, to + F});
+  const int64_t live = std::min(from, to);
+  CudaDev::pad_columns(dst, src, {3 * to, to + F, to, from, live, live, to - from, from + F});
+  return dst;
+}
+
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_forward_cuda(
     Tensor input, Tensor weights, Tensor bias, Tensor old_h, Tensor old_cell, bool allow_tf32,
     std::optional<Tensor> batch_sizes) {
-  check_operand(kSeqForward, "input", input);
+  const char* op = kSeqForward;
+  check_operand(op, "input", input);
   opscommon::DeviceGuard guard(input.get_device());
+  Dims d = check_forward_args(op, input, weights, bias, old_h, old_cell);
+  d.tf32 = allow_tf32;
+  if (const int64_t Sp = padded_state(input, d)) {
+    const int64_t S = d.S;
+    const ForwardResult r = sequence_forward<CudaDev>(
+        input, resize_weights(op, weights, S, Sp, d.F), resize_state(op, "bias", bias, S, Sp),
+        resize_state(op, "old_h", old_h, S, Sp), resize_state(op, "old_cell", old_cell, S, Sp),
+        allow_tf32, batch_sizes);
+    return {resize_state(op, "outputs", r.outputs, Sp, S), resize_state(op, "h_n", r.h_n, Sp, S),
+            resize_state(op, "c_n", r.c_n, Sp, S), resize_state(op, "gates", r.gates, Sp, S),
+            resize_state(op, "cells", r.cells, Sp, S)};
+  }
   ForwardResult r =
       sequence_forward<CudaDev>(input, weights, bias, old_h, old_cell, allow_tf32, batch_sizes);
   return {r.outputs, r.h_n, r.c_n, r.gates, r.cells};
@@ -2809,8 +2918,20 @@ std::tuple<Tensor, Tensor, Tensor> sequence_inference_cuda(Tensor input, Tensor 
                                                            Tensor bias, Tensor old_h,
                                                            Tensor old_cell, bool allow_tf32,
                                                            std::optional<Tensor> batch_sizes) {
-  check_operand(kSeqInference, "input", input);
+  const char* op = kSeqInference;
+  check_operand(op, "input", input);
   opscommon::DeviceGuard guard(input.get_device());
+  Dims d = check_forward_args(op, input, weights, bias, old_h, old_cell);
+  d.tf32 = allow_tf32;
+  if (const int64_t Sp = padded_state(input, d)) {
+    const int64_t S = d.S;
+    const ForwardResult r = sequence_forward<CudaDev>(
+        input, resize_weights(op, weights, S, Sp, d.F), resize_state(op, "bias", bias, S, Sp),
+        resize_state(op, "old_h", old_h, S, Sp), resize_state(op, "old_cell", old_cell, S, Sp),
+        allow_tf32, batch_sizes, /*inference=*/true);
+    return {resize_state(op, "outputs", r.outputs, Sp, S), resize_state(op, "h_n", r.h_n, Sp, S),
+            resize_state(op, "c_n", r.c_n, Sp, S)};
+  }
   ForwardResult r = sequence_forward<CudaDev>(input, weights, bias, old_h, old_cell, allow_tf32,
                                               batch_sizes, /*inference=*/true);
   return {r.outputs, r.h_n, r.c_n};
@@ -2821,8 +2942,29 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_backward_cuda(
     std::optional<Tensor> grad_c_n, Tensor input, Tensor weights, Tensor old_h, Tensor old_cell,
     Tensor outputs, Tensor gates, Tensor cells, bool input_grad, bool allow_tf32,
     std::optional<Tensor> batch_sizes) {
-  check_operand(kSeqBackward, "input", input);
+  const char* op = kSeqBackward;
+  check_operand(op, "input", input);
   opscommon::DeviceGuard guard(input.get_device());
+  Dims d = check_backward_args(grad_outputs, grad_h_n, grad_c_n, input, weights, old_h, old_cell,
+                               outputs, gates, cells);
+  d.tf32 = allow_tf32;
+  if (const int64_t Sp = padded_state(input, d)) {
+    const int64_t S = d.S;
+    auto pad = [&](const std::optional<Tensor>& t, const char* what) -> std::optional<Tensor> {
+      if (!t) return std::nullopt;
+      return resize_state(op, what, *t, S, Sp);
+    };
+    const BackwardResult r = sequence_backward<CudaDev>(
+        pad(grad_outputs, "grad_outputs"), pad(grad_h_n, "grad_h_n"), pad(grad_c_n, "grad_c_n"),
+        input, resize_weights(op, weights, S, Sp, d.F), resize_state(op, "old_h", old_h, S, Sp),
+        resize_state(op, "old_cell", old_cell, S, Sp), resize_state(op, "outputs", outputs, S, Sp),
+        resize_state(op, "gates", gates, S, Sp), resize_state(op, "cells", cells, S, Sp),
+        input_grad, allow_tf32, batch_sizes);
+    return {r.d_input, resize_weights(op, r.d_weights, Sp, S, d.F),
+            resize_state(op, "d_bias", r.d_bias, Sp, S),
+            resize_state(op, "d_old_h", r.d_old_h, Sp, S),
+            resize_state(op, "d_old_cell", r.d_old_cell, Sp, S)};
+  }
   BackwardResult r =
       sequence_backward<CudaDev>(grad_outputs, grad_h_n, grad_c_n, input, weights, old_h, old_cell,
                                  outputs, gates, cells, input_grad, allow_tf32, batch_sizes);

@@ -1098,6 +1098,48 @@ def test_cuda_block_local_clusters_match_the_reference(dtype, C, S, packed, spli
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("precision", ["bf16", "f16", "tf32", "full"])
+@pytest.mark.parametrize("S,packed", [(100, False), (37, True), (6, False), (130, True)], ids=str)
+@pytest.mark.parametrize("pad", ["1", "0"], ids=["padded", "unpadded"])
+def test_cuda_state_sizes_off_eight_run_padded(precision, S, packed, pad):
+    """A state size that is not a multiple of 8 runs the tensor-core kernels
+    (full float32: the block-local FMA kernels, up to 128 on sm_90, 32
+    below) at the next multiple of 8, the padded columns zero: those kernels
+    ran (LLTM_OP_SEQUENCE_PAD=0: none did), and the outputs, final state and
+    every argument's gradient match float64 within the dtype's error, with
+    packed rows (lengths of 0, rows ending inside a chunk), B = 5 and 11
+    (not a multiple of 8), two backward chunks."""
+    need("cuda")
+    major = torch.cuda.get_device_capability()[0]
+    dtype = {"bf16": torch.bfloat16, "f16": torch.float16}.get(precision, torch.float32)
+    Sp = (S + 7) // 8 * 8
+    if precision == "full":
+        kernels = major >= 8 and Sp <= (128 if major >= 9 else 32)
+        family = re.compile(r"(forward|backward)_fma_(local|partial)_kernel<")
+    else:
+        kernels = major >= 8
+        family = re.compile(r"(forward|backward)_tc(_local|_partial|_ksplit)?_kernel<")
+    T, B, F = 6, 11 if packed else 5, 7
+    gen = torch.Generator().manual_seed(S * 3 + packed)
+    lengths = random_lengths(T, B, gen) if packed else [T] * B
+    args = make_args(T, B, F, S, dtype=dtype, device="cuda", generator=gen)
+    args, ref_args, ref, grads = packed_case(args, lengths, gen)
+    bs = batch_sizes_of(lengths, T) if packed else None
+    out = []
+
+    def run():
+        out.extend(run_op(*args, bs)[:3])
+        torch.autograd.backward(out, [g.to("cuda", dtype) for g in grads])
+
+    with env(LLTM_OP_SEQUENCE_PAD=pad, LLTM_OP_SEQUENCE_CHUNKS=2), tf32_matmul(precision == "tf32"):
+        names = _cuda_kernel_names(run)
+    ran = [n for n in names if family.search(n)]
+    assert bool(ran) == (kernels and pad == "1"), names
+    limit = TF32_LIMIT if precision == "tf32" else LIMITS[dtype]
+    assert_packed_run_matches(out, args, ref, ref_args, grads, lengths, limit)
+
+
+@pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("B", [13, 32, 40], ids=str)
 @pytest.mark.parametrize("S", [264, 512], ids=str)
