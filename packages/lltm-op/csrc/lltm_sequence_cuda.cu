@@ -1408,17 +1408,25 @@ bool wide_eight_rows(int64_t S, bool forward) {
 }
 
 // Whether the rule runs a batch of at most 8 rows (one cluster either way)
-// on 8 rows a cluster: S = 128 in 16-bit types, S = 128 to 256 in float32
-// (TF32). H200, T256, kernel time of a call, us, 16 rows against 8 (both
+// on 8 rows a cluster: S = 128 in 16-bit types (their forward from S = 40),
+// S = 128 to 256 in float32 (TF32). H200, T256, kernel time of a call, us, 16 rows against 8 (both
 // directions where they are block-local), B8: float32 S = 128 inference 245
 // against 227, forward+backward 761 against 723; S = 256 414 / 387 and 1273
 // / 1246; bfloat16 S = 128 242 / 230 and 604 / 556; float16 S = 128 228 /
 // 218 and 590 / 552; float32 B5 S = 128 264 / 234 and 742 / 682. Not at
 // 16-bit S = 256 (bfloat16 257 / 303 and 793 / 811, float16 249 / 295 and
-// 788 / 811). Below S = 128, unmeasured (the 16-row plan may take one
-// block there, which 8 rows a cluster cannot).
+// 788 / 811). And the 16-bit forward from S = 40 (clusters of 2 to 4
+// blocks; the 16-row plan takes one block up to S = 32, which 8 rows a
+// cluster cannot): H200, T1024, wall time of an inference call, us, 16
+// rows against 8, B3 / B8: float16 S = 40 835 / 691 and 839 / 687, S = 64
+// 824 / 681 and 810 / 765, S = 96 899 / 785 and 918 / 835, S = 112 923 /
+// 810 and 866 / 808; bfloat16 S = 40 892 / 739 and 844 / 716, S = 96 963
+// / 832 and 963 / 875. Its backward there (T256 B8 forward+backward calls
+// of about a millisecond, both directions on 8 rows) moved both ways, by
+// up to 16%, and keeps 16.
 template <typename T>
-bool eight_rows_at_small_batch(int64_t S) {
+bool eight_rows_at_small_batch(int64_t S, bool forward) {
+  if (sizeof(T) == 2 && forward) return S >= 40 && S <= 128;
   return S >= 128 && S <= (sizeof(T) == 4 ? 256 : 128);
 }
 
@@ -1439,7 +1447,7 @@ LocalLaunch compute_local_launch_rows(const Dims& d, int device, int sms, int op
   if (want == 0 && d.S > local_max_s<T>(forward)) return launch;
   const bool wide = wide_eight_rows<T>(d.S, forward);
   if (eight_rule && ((d.S > kLocalEightRowsMaxS && !wide) ||
-                     (d.B <= tc::kLocalEightRows && !eight_rows_at_small_batch<T>(d.S)))) {
+                     (d.B <= tc::kLocalEightRows && !eight_rows_at_small_batch<T>(d.S, forward)))) {
     return launch;
   }
   const int max_c = opscommon::compute_capability_major(device) >= 9 ? tc::kLocalMaxCluster : 1;
