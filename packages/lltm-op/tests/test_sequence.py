@@ -1139,51 +1139,11 @@ def test_cuda_state_sizes_off_eight_run_padded(precision, S, packed, pad):
     assert_packed_run_matches(out, args, ref, ref_args, grads, lengths, limit)
 
 
-@pytest.mark.cuda
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-@pytest.mark.parametrize("B", [13, 32, 40], ids=str)
-@pytest.mark.parametrize("S", [264, 512], ids=str)
-def test_cuda_wide_16bit_forward_takes_eight_rows_where_its_clusters_fit(dtype, B, S):
-    """Past S = 256 (up to 512) the 16-bit block-local forward runs on
-    clusters of 16 blocks; the rule gives them 8 batch rows where those
-    clusters take at most half the multiprocessors (B <= 32 on an H100 or
-    H200), else 16: the forward kernel's row count as its name says, and
-    float64's result within the dtype's error (the backward runs the
-    global-barrier kernels here)."""
-    need("cuda")
-    if torch.cuda.get_device_capability()[0] < 9:
-        pytest.skip("8 rows a cluster are the clusters' variant (sm_90)")
-    T, F = 5, 6
-    gen = torch.Generator().manual_seed(B * S)
-    lengths = [T] * B
-    args = make_args(T, B, F, S, dtype=dtype, device="cuda", generator=gen)
-    args, ref_args, ref, grads = packed_case(args, lengths, gen)
-    out = []
-
-    def run():
-        out.extend(run_op(*args, None)[:3])
-        torch.autograd.backward(out, [g.to("cuda", dtype) for g in grads])
-
-    with env(LLTM_OP_SEQUENCE_TENSOR_CORES="1", LLTM_OP_SEQUENCE_CHUNKS=2):
-        names = _cuda_kernel_names(run)
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    want = "8" if 2 * 16 * ((B + 7) // 8) <= sms else "16"
-    forward = [a for kind, a in _tc_kernel_args(names, "tc_local") if kind == "forward"]
-    assert [a[5] for a in forward] == [want], names
-    assert_packed_run_matches(out, args, ref, ref_args, grads, lengths, LIMITS[dtype])
-
-
-@pytest.mark.cuda
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
-@pytest.mark.parametrize("B", [3, 8], ids=str)
-@pytest.mark.parametrize("S", [32, 40, 120, 128, 256], ids=str)
-def test_cuda_small_batches_take_eight_rows_by_the_rule(dtype, B, S):
-    """At B <= 8 (one cluster either way) the rule runs the block-local
-    kernels on 8 batch rows a cluster at S = 128 in every dtype, up to
-    S = 256 in float32 (TF32) and, in 16-bit types, the forward from S = 40
-    to 128; on 16 elsewhere (S = 32: one block): the kernels' row count as
-    their names say, and float64's result within the dtype's error, two
-    backward chunks."""
+def _run_by_the_rule(dtype, B, S) -> list[str]:
+    """One forward+backward (T5, F6, whole batch, two backward chunks) on the
+    tensor-core kernels by the rule's plan (float32 on TF32), checked
+    against float64 within the dtype's error: the kernels' names (sm_90,
+    else the test skips)."""
     need("cuda")
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("8 rows a cluster are the clusters' variant (sm_90)")
@@ -1200,6 +1160,41 @@ def test_cuda_small_batches_take_eight_rows_by_the_rule(dtype, B, S):
 
     with env(LLTM_OP_SEQUENCE_TENSOR_CORES="1", LLTM_OP_SEQUENCE_CHUNKS=2), tf32_matmul(True):
         names = _cuda_kernel_names(run)
+    limit = TF32_LIMIT if dtype == torch.float32 else LIMITS[dtype]
+    assert_packed_run_matches(out, args, ref, ref_args, grads, lengths, limit)
+    return names
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("B", [13, 32, 40], ids=str)
+@pytest.mark.parametrize("S", [264, 512], ids=str)
+def test_cuda_wide_16bit_forward_takes_eight_rows_where_its_clusters_fit(dtype, B, S):
+    """Past S = 256 (up to 512) the 16-bit block-local forward runs on
+    clusters of 16 blocks; the rule gives them 8 batch rows where those
+    clusters take at most half the multiprocessors (B <= 32 on an H100 or
+    H200), else 16: the forward kernel's row count as its name says, and
+    float64's result within the dtype's error (the backward runs the
+    global-barrier kernels here)."""
+    names = _run_by_the_rule(dtype, B, S)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    want = "8" if 2 * 16 * ((B + 7) // 8) <= sms else "16"
+    forward = [a for kind, a in _tc_kernel_args(names, "tc_local") if kind == "forward"]
+    assert [a[5] for a in forward] == [want], names
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("B", [3, 8], ids=str)
+@pytest.mark.parametrize("S", [32, 40, 120, 128, 256], ids=str)
+def test_cuda_small_batches_take_eight_rows_by_the_rule(dtype, B, S):
+    """At B <= 8 (one cluster either way) the rule runs the block-local
+    kernels on 8 batch rows a cluster at S = 128 in every dtype, up to
+    S = 256 in float32 (TF32) and, in 16-bit types, the forward from S = 40
+    to 128; on 16 elsewhere (S = 32: one block): the kernels' row count as
+    their names say, and float64's result within the dtype's error, two
+    backward chunks."""
+    names = _run_by_the_rule(dtype, B, S)
     want = "8" if 128 <= S <= (256 if dtype == torch.float32 else 128) else "16"
     want_forward = "8" if dtype != torch.float32 and 40 <= S <= 128 else want
     local = _tc_kernel_args(names, "tc_local")
@@ -1211,8 +1206,6 @@ def test_cuda_small_batches_take_eight_rows_by_the_rule(dtype, B, S):
     assert [a[5] for a in forward] == [want_forward], names
     assert backward == [want] * len(backward), names
     assert len(backward) == (2 if runs_block_local(S, dtype, "backward") else 0), names
-    limit = TF32_LIMIT if dtype == torch.float32 else LIMITS[dtype]
-    assert_packed_run_matches(out, args, ref, ref_args, grads, lengths, limit)
 
 
 @pytest.mark.cuda
