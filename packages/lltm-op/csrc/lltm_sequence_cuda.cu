@@ -2876,9 +2876,10 @@ int64_t padded_state(const Tensor& like, const Dims& d) {
   return tc_plan(like, p).ok ? p.S : 0;
 }
 
-// t (contiguous or not) with its last dimension, `groups` blocks of `from`
-// columns, in blocks of `to` columns: zero columns after each block's
-// `from` (to > from) or its first `to` only (to < from).
+// t (contiguous or not) with its last dimension, whole blocks of `from`
+// columns (the gates' three, or one), in blocks of `to` columns: zero
+// columns after each block's `from` (to > from) or its first `to` only
+// (to < from).
 Tensor resize_state(const char* op, const char* what, const Tensor& t, int64_t from, int64_t to) {
   const Tensor src = dense(t);
   std::vector<int64_t> sizes(static_cast<size_t>(src.dim()));
