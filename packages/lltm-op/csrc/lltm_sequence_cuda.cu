@@ -2900,26 +2900,52 @@ Tensor resize_weights(const char* op, const Tensor& t, int64_t from, int64_t to,
   return dst;
 }
 
+// Whether old_h's state size (its columns) is one the kernels may run
+// padded: only then do the entry points check the arguments for the padding
+// rule (sequence_forward and sequence_backward check them again; a call at
+// a multiple of 8 is checked once).
+bool unaligned_state(const Tensor& old_h) { return old_h.dim() == 2 && old_h.size(1) % 8 != 0; }
+
+// The forward (inference: without gates and cells) at the state size the
+// kernels run: padded and cut back to S (padded_state), or as it is.
+ForwardResult cuda_forward(const char* op, const Tensor& input, const Tensor& weights,
+                           const Tensor& bias, const Tensor& old_h, const Tensor& old_cell,
+                           bool allow_tf32, const std::optional<Tensor>& batch_sizes,
+                           bool inference) {
+  check_operand(op, "input", input);
+  opscommon::DeviceGuard guard(input.get_device());
+  int64_t Sp = 0;
+  Dims d;
+  if (unaligned_state(old_h)) {
+    d = check_forward_args(op, input, weights, bias, old_h, old_cell);
+    d.tf32 = allow_tf32;
+    Sp = padded_state(input, d);
+  }
+  if (Sp == 0) {
+    return sequence_forward<CudaDev>(input, weights, bias, old_h, old_cell, allow_tf32, batch_sizes,
+                                     inference);
+  }
+  const int64_t S = d.S;
+  const ForwardResult r = sequence_forward<CudaDev>(
+      input, resize_weights(op, weights, S, Sp, d.F), resize_state(op, "bias", bias, S, Sp),
+      resize_state(op, "old_h", old_h, S, Sp), resize_state(op, "old_cell", old_cell, S, Sp),
+      allow_tf32, batch_sizes, inference);
+  ForwardResult out;
+  out.outputs = resize_state(op, "outputs", r.outputs, Sp, S);
+  out.h_n = resize_state(op, "h_n", r.h_n, Sp, S);
+  out.c_n = resize_state(op, "c_n", r.c_n, Sp, S);
+  if (!inference) {
+    out.gates = resize_state(op, "gates", r.gates, Sp, S);
+    out.cells = resize_state(op, "cells", r.cells, Sp, S);
+  }
+  return out;
+}
+
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_forward_cuda(
     Tensor input, Tensor weights, Tensor bias, Tensor old_h, Tensor old_cell, bool allow_tf32,
     std::optional<Tensor> batch_sizes) {
-  const char* op = kSeqForward;
-  check_operand(op, "input", input);
-  opscommon::DeviceGuard guard(input.get_device());
-  Dims d = check_forward_args(op, input, weights, bias, old_h, old_cell);
-  d.tf32 = allow_tf32;
-  if (const int64_t Sp = padded_state(input, d)) {
-    const int64_t S = d.S;
-    const ForwardResult r = sequence_forward<CudaDev>(
-        input, resize_weights(op, weights, S, Sp, d.F), resize_state(op, "bias", bias, S, Sp),
-        resize_state(op, "old_h", old_h, S, Sp), resize_state(op, "old_cell", old_cell, S, Sp),
-        allow_tf32, batch_sizes);
-    return {resize_state(op, "outputs", r.outputs, Sp, S), resize_state(op, "h_n", r.h_n, Sp, S),
-            resize_state(op, "c_n", r.c_n, Sp, S), resize_state(op, "gates", r.gates, Sp, S),
-            resize_state(op, "cells", r.cells, Sp, S)};
-  }
-  ForwardResult r =
-      sequence_forward<CudaDev>(input, weights, bias, old_h, old_cell, allow_tf32, batch_sizes);
+  ForwardResult r = cuda_forward(kSeqForward, input, weights, bias, old_h, old_cell, allow_tf32,
+                                 batch_sizes, /*inference=*/false);
   return {r.outputs, r.h_n, r.c_n, r.gates, r.cells};
 }
 
@@ -2927,22 +2953,8 @@ std::tuple<Tensor, Tensor, Tensor> sequence_inference_cuda(Tensor input, Tensor 
                                                            Tensor bias, Tensor old_h,
                                                            Tensor old_cell, bool allow_tf32,
                                                            std::optional<Tensor> batch_sizes) {
-  const char* op = kSeqInference;
-  check_operand(op, "input", input);
-  opscommon::DeviceGuard guard(input.get_device());
-  Dims d = check_forward_args(op, input, weights, bias, old_h, old_cell);
-  d.tf32 = allow_tf32;
-  if (const int64_t Sp = padded_state(input, d)) {
-    const int64_t S = d.S;
-    const ForwardResult r = sequence_forward<CudaDev>(
-        input, resize_weights(op, weights, S, Sp, d.F), resize_state(op, "bias", bias, S, Sp),
-        resize_state(op, "old_h", old_h, S, Sp), resize_state(op, "old_cell", old_cell, S, Sp),
-        allow_tf32, batch_sizes, /*inference=*/true);
-    return {resize_state(op, "outputs", r.outputs, Sp, S), resize_state(op, "h_n", r.h_n, Sp, S),
-            resize_state(op, "c_n", r.c_n, Sp, S)};
-  }
-  ForwardResult r = sequence_forward<CudaDev>(input, weights, bias, old_h, old_cell, allow_tf32,
-                                              batch_sizes, /*inference=*/true);
+  ForwardResult r = cuda_forward(kSeqInference, input, weights, bias, old_h, old_cell, allow_tf32,
+                                 batch_sizes, /*inference=*/true);
   return {r.outputs, r.h_n, r.c_n};
 }
 
@@ -2954,10 +2966,15 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_backward_cuda(
   const char* op = kSeqBackward;
   check_operand(op, "input", input);
   opscommon::DeviceGuard guard(input.get_device());
-  Dims d = check_backward_args(grad_outputs, grad_h_n, grad_c_n, input, weights, old_h, old_cell,
-                               outputs, gates, cells);
-  d.tf32 = allow_tf32;
-  if (const int64_t Sp = padded_state(input, d)) {
+  int64_t Sp = 0;
+  Dims d;
+  if (unaligned_state(old_h)) {
+    d = check_backward_args(grad_outputs, grad_h_n, grad_c_n, input, weights, old_h, old_cell,
+                            outputs, gates, cells);
+    d.tf32 = allow_tf32;
+    Sp = padded_state(input, d);
+  }
+  if (Sp != 0) {
     const int64_t S = d.S;
     auto pad = [&](const std::optional<Tensor>& t, const char* what) -> std::optional<Tensor> {
       if (!t) return std::nullopt;
