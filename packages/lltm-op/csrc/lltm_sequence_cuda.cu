@@ -767,25 +767,41 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// dst [rows, n_dst] (row stride ld_dst) from src (row stride ld_src): dst
-// row g * group_dst + i is src row g * group_src + i for i < live, zero past
-// it; its columns are that row's with `insert` zero columns at column `at`
-// (insert < 0: -insert of src's columns there left out). Pads a state size
-// to a multiple of 8 and cuts it back (see padded_state).
+// One tensor of a pad_columns_kernel launch: dst [rows, n_dst]
+// (contiguous) from src (row stride ld_src): dst row g * group_dst + i is
+// src row g * group_src + i for i < live, zero past it; its columns are that
+// row's with `insert` zero columns at column `at` (insert < 0: -insert of
+// src's columns there left out). Pads a state size to a multiple of 8 and
+// cuts it back (see padded_state).
+struct PadJob {
+  void* dst;
+  const void* src;
+  int64_t rows, n_dst, group_dst, group_src, live, at, insert, ld_src;
+};
+// The most tensors a launch takes: the backward's padded inputs.
+constexpr int kMaxPadJobs = 9;
+struct PadJobs {
+  PadJob job[kMaxPadJobs];
+};
+
+// Tensor blockIdx.y of `jobs` (one launch for all the tensors of a padded
+// call's inputs or results: each launch and allocation costs host time,
+// which such small calls are mostly made of).
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
-    pad_columns_kernel(int64_t rows, int64_t n_dst, int64_t group_dst, int64_t group_src,
-                       int64_t live, int64_t at, int64_t insert, int64_t ld_dst, int64_t ld_src,
-                       T* __restrict__ dst, const T* __restrict__ src) {
-  const int64_t n = rows * n_dst;
+    pad_columns_kernel(const __grid_constant__ PadJobs jobs) {
+  const PadJob& j = jobs.job[blockIdx.y];
+  T* __restrict__ dst = static_cast<T*>(j.dst);
+  const T* __restrict__ src = static_cast<const T*>(j.src);
+  const int64_t n = j.rows * j.n_dst;
   OPSCOMMON_KERNEL_LOOP(e, n) {
-    const int64_t r = e / n_dst, c = e - r * n_dst;
-    const int64_t g = r / group_dst, i = r - g * group_dst;
+    const int64_t r = e / j.n_dst, c = e - r * j.n_dst;
+    const int64_t g = r / j.group_dst, i = r - g * j.group_dst;
     T v = to_storage<T>(Acc<T>(0));
-    if (i < live && (c < at || c >= at + insert)) {
-      v = src[(g * group_src + i) * ld_src + (c < at ? c : c - insert)];
+    if (i < j.live && (c < j.at || c >= j.at + j.insert)) {
+      v = src[(g * j.group_src + i) * j.ld_src + (c < j.at ? c : c - j.insert)];
     }
-    dst[r * ld_dst + c] = v;
+    dst[e] = v;
   }
 }
 
@@ -2824,22 +2840,17 @@ struct CudaDev {
     });
   }
 
-  // pad_columns_kernel over contiguous dst and src (its arguments but the
-  // pointers and strides: those of dst's rows x n_dst and src's rows of
-  // ld_src elements).
-  struct PadColumns {
-    int64_t rows, n_dst, group_dst, group_src, live, at, insert, ld_src;
-  };
-  static void pad_columns(Tensor& dst, const Tensor& src, const PadColumns& a) {
-    const int device = dst.get_device();
+  // pad_columns_kernel over jobs[0 .. count) (most: the largest one's
+  // elements), in one launch.
+  static void pad_columns(const Tensor& like, const PadJobs& jobs, int count, int64_t most) {
+    if (count == 0 || most == 0) return;
+    const int device = like.get_device();
     const cudaStream_t stream = opscommon::current_stream(device);
-    if (a.rows * a.n_dst == 0) return;
-    opscommon::dispatch_floating(dst.scalar_type(), kSeqForward, [&](auto tag) {
+    opscommon::dispatch_floating(like.scalar_type(), kSeqForward, [&](auto tag) {
       using T = decltype(tag);
-      const auto cfg = opscommon::launch_config(a.rows * a.n_dst, device, kThreads, 8);
-      pad_columns_kernel<T><<<cfg.blocks, cfg.threads, 0, stream>>>(
-          a.rows, a.n_dst, a.group_dst, a.group_src, a.live, a.at, a.insert, a.n_dst, a.ld_src,
-          dst.mutable_data_ptr<T>(), src.const_data_ptr<T>());
+      const auto cfg = opscommon::launch_config(most, device, kThreads, 8);
+      pad_columns_kernel<T>
+          <<<dim3(cfg.blocks, static_cast<unsigned int>(count)), cfg.threads, 0, stream>>>(jobs);
       OPSCOMMON_CUDA_CHECK_LAUNCH();
     });
   }
@@ -2859,8 +2870,9 @@ struct CudaDev {
 // gates are 0.5 and their candidate elu(0) = 0: c stays 0, h = 0.5 tanh(0)),
 // W_h's padded rows multiply only those zeros and its padded columns are
 // zero, and every gradient of a padded column is zero. The real columns get
-// what the kernels compute at any size. Copies in and out are one launch a
-// tensor (pad_columns_kernel). H200, float16 B3 S100 T128, wall time of a
+// what the kernels compute at any size. Copies in and out are one launch
+// each way for all of a call's tensors (ColumnResize), the padded inputs in
+// one buffer. H200, float16 B3 S100 T128, wall time of a
 // call against nn.LSTM: inference 1.48x before, forward+backward 1.05x (see
 // the README). LLTM_OP_SEQUENCE_PAD=0 keeps such calls on paths 2 and 3.
 constexpr double kPadMaxBytes = 16.0 * (1 << 20);
@@ -2876,29 +2888,100 @@ int64_t padded_state(const Tensor& like, const Dims& d) {
   return tc_plan(like, p).ok ? p.S : 0;
 }
 
-// t (contiguous or not) with its last dimension, whole blocks of `from`
-// columns (the gates' three, or one), in blocks of `to` columns: zero
-// columns after each block's `from` (to > from) or its first `to` only
-// (to < from).
-Tensor resize_state(const char* op, const char* what, const Tensor& t, int64_t from, int64_t to) {
-  const Tensor src = dense(t);
-  std::vector<int64_t> sizes(static_cast<size_t>(src.dim()));
-  for (int64_t k = 0; k < src.dim(); ++k) sizes[k] = src.size(k);
-  sizes.back() = sizes.back() / from * to;
-  Tensor dst = alloc(op, what, src, sizes);
-  const int64_t rows = src.numel() / from;
-  CudaDev::pad_columns(dst, src, {rows, to, 1, 1, 1, std::min(from, to), to - from, from});
-  return dst;
-}
+// Tensors at the padded state size, or cut back from it, all copied in one
+// launch: add each (state, weights), then run. `arena`: the padded call's
+// inputs, views of one buffer (each 256-byte aligned); else each its own
+// tensor (the op's results, which the caller may keep or change apart).
+class ColumnResize {
+ public:
+  ColumnResize(const char* op, const Tensor& like, bool arena)
+      : op_(op), like_(like), arena_(arena) {}
 
-// The weights [3S, S + F] as [3Sp, Sp + F] (pad) or back (a gradient).
-Tensor resize_weights(const char* op, const Tensor& t, int64_t from, int64_t to, int64_t F) {
-  const Tensor src = dense(t);
-  Tensor dst = alloc(op, "the weights at a padded state size", src, {3 * to, to + F});
-  const int64_t live = std::min(from, to);
-  CudaDev::pad_columns(dst, src, {3 * to, to + F, to, from, live, live, to - from, from + F});
-  return dst;
-}
+  // t (contiguous or not) with its last dimension, whole blocks of `from`
+  // columns (the gates' three, or one), in blocks of `to` columns: zero
+  // columns after each block's `from` (to > from) or its first `to` only
+  // (to < from). Returns its index in run's tensors.
+  int state(const char* what, const Tensor& t, int64_t from, int64_t to) {
+    const Tensor src = dense(t);
+    std::vector<int64_t> sizes(static_cast<size_t>(src.dim()));
+    for (int64_t k = 0; k < src.dim(); ++k) sizes[k] = src.size(k);
+    sizes.back() = sizes.back() / from * to;
+    const int64_t rows = src.numel() / from;
+    return add(what, src, std::move(sizes),
+               {nullptr, nullptr, rows, to, 1, 1, 1, std::min(from, to), to - from, from});
+  }
+  // The weights [3 from, from + F] as [3 to, to + F].
+  int weights(const char* what, const Tensor& t, int64_t from, int64_t to, int64_t F) {
+    const int64_t live = std::min(from, to);
+    return add(what, dense(t), {3 * to, to + F},
+               {nullptr, nullptr, 3 * to, to + F, to, from, live, live, to - from, from + F});
+  }
+
+  // The tensors, in the order added, allocated and copied.
+  std::vector<Tensor> run() {
+    std::vector<Tensor> out;
+    out.reserve(items_.size());
+    if (arena_) {
+      const int64_t align = 256 / static_cast<int64_t>(like_.element_size());
+      std::vector<int64_t> at;
+      int64_t total = 0;
+      for (const Item& it : items_) {
+        at.push_back(total);
+        total += (numel(it.sizes) + align - 1) / align * align;
+      }
+      const Tensor buffer = alloc(op_, "the inputs at a padded state size", like_, {total});
+      for (size_t k = 0; k < items_.size(); ++k) {
+        out.push_back(view_of(buffer, items_[k].sizes, contiguous_strides(items_[k].sizes), at[k]));
+      }
+    } else {
+      for (const Item& it : items_) out.push_back(alloc(op_, it.what, like_, it.sizes));
+    }
+    PadJobs jobs{};
+    int64_t most = 0;
+    for (size_t k = 0; k < items_.size(); ++k) {
+      PadJob j = items_[k].job;
+      j.dst = out[k].mutable_data_ptr();
+      j.src = items_[k].src.const_data_ptr();
+      jobs.job[k] = j;
+      most = std::max(most, j.rows * j.n_dst);
+    }
+    CudaDev::pad_columns(like_, jobs, static_cast<int>(items_.size()), most);
+    return out;
+  }
+
+ private:
+  struct Item {
+    const char* what;
+    Tensor src;  // kept alive until the launch
+    std::vector<int64_t> sizes;
+    PadJob job;
+  };
+  int add(const char* what, Tensor src, std::vector<int64_t> sizes, const PadJob& job) {
+    OPSCOMMON_CHECK(items_.size() < static_cast<size_t>(kMaxPadJobs), op_,
+                    ": internal error: too many tensors to pad in one launch");
+    items_.push_back({what, std::move(src), std::move(sizes), job});
+    return static_cast<int>(items_.size()) - 1;
+  }
+  static int64_t numel(const std::vector<int64_t>& sizes) {
+    int64_t n = 1;
+    for (const int64_t v : sizes) n *= v;
+    return n;
+  }
+  static std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& sizes) {
+    std::vector<int64_t> strides(sizes.size());
+    int64_t step = 1;
+    for (size_t k = sizes.size(); k-- > 0;) {
+      strides[k] = step;
+      step *= sizes[k] > 1 ? sizes[k] : 1;
+    }
+    return strides;
+  }
+
+  const char* op_;
+  const Tensor& like_;
+  bool arena_;
+  std::vector<Item> items_;
+};
 
 // Whether old_h's state size (its columns) is one the kernels may run
 // padded: only then do the entry points check the arguments for the padding
@@ -2926,17 +3009,30 @@ ForwardResult cuda_forward(const char* op, const Tensor& input, const Tensor& we
                                      inference);
   }
   const int64_t S = d.S;
-  const ForwardResult r = sequence_forward<CudaDev>(
-      input, resize_weights(op, weights, S, Sp, d.F), resize_state(op, "bias", bias, S, Sp),
-      resize_state(op, "old_h", old_h, S, Sp), resize_state(op, "old_cell", old_cell, S, Sp),
-      allow_tf32, batch_sizes, inference);
-  ForwardResult out;
-  out.outputs = resize_state(op, "outputs", r.outputs, Sp, S);
-  out.h_n = resize_state(op, "h_n", r.h_n, Sp, S);
-  out.c_n = resize_state(op, "c_n", r.c_n, Sp, S);
+  ColumnResize in(op, input, /*arena=*/true);
+  in.weights("weights", weights, S, Sp, d.F);
+  in.state("bias", bias, S, Sp);
+  in.state("old_h", old_h, S, Sp);
+  in.state("old_cell", old_cell, S, Sp);
+  const std::vector<Tensor> p = in.run();
+  const ForwardResult r =
+      sequence_forward<CudaDev>(input, p[0], p[1], p[2], p[3], allow_tf32, batch_sizes, inference);
+  ColumnResize back(op, input, /*arena=*/false);
+  back.state("outputs", r.outputs, Sp, S);
+  back.state("h_n", r.h_n, Sp, S);
+  back.state("c_n", r.c_n, Sp, S);
   if (!inference) {
-    out.gates = resize_state(op, "gates", r.gates, Sp, S);
-    out.cells = resize_state(op, "cells", r.cells, Sp, S);
+    back.state("gates", r.gates, Sp, S);
+    back.state("cells", r.cells, Sp, S);
+  }
+  const std::vector<Tensor> o = back.run();
+  ForwardResult out;
+  out.outputs = o[0];
+  out.h_n = o[1];
+  out.c_n = o[2];
+  if (!inference) {
+    out.gates = o[3];
+    out.cells = o[4];
   }
   return out;
 }
@@ -2976,20 +3072,34 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_backward_cuda(
   }
   if (Sp != 0) {
     const int64_t S = d.S;
-    auto pad = [&](const std::optional<Tensor>& t, const char* what) -> std::optional<Tensor> {
-      if (!t) return std::nullopt;
-      return resize_state(op, what, *t, S, Sp);
+    ColumnResize in(op, input, /*arena=*/true);
+    auto pad = [&](const std::optional<Tensor>& t, const char* what) {
+      return t ? in.state(what, *t, S, Sp) : -1;
     };
+    const int go = pad(grad_outputs, "grad_outputs"), ghn = pad(grad_h_n, "grad_h_n"),
+              gcn = pad(grad_c_n, "grad_c_n");
+    in.weights("weights", weights, S, Sp, d.F);
+    in.state("old_h", old_h, S, Sp);
+    in.state("old_cell", old_cell, S, Sp);
+    in.state("outputs", outputs, S, Sp);
+    in.state("gates", gates, S, Sp);
+    in.state("cells", cells, S, Sp);
+    const std::vector<Tensor> p = in.run();
+    auto padded = [&](int k) -> std::optional<Tensor> {
+      if (k < 0) return std::nullopt;
+      return p[k];
+    };
+    const size_t w = p.size() - 6;  // the weights and the five after them
     const BackwardResult r = sequence_backward<CudaDev>(
-        pad(grad_outputs, "grad_outputs"), pad(grad_h_n, "grad_h_n"), pad(grad_c_n, "grad_c_n"),
-        input, resize_weights(op, weights, S, Sp, d.F), resize_state(op, "old_h", old_h, S, Sp),
-        resize_state(op, "old_cell", old_cell, S, Sp), resize_state(op, "outputs", outputs, S, Sp),
-        resize_state(op, "gates", gates, S, Sp), resize_state(op, "cells", cells, S, Sp),
-        input_grad, allow_tf32, batch_sizes);
-    return {r.d_input, resize_weights(op, r.d_weights, Sp, S, d.F),
-            resize_state(op, "d_bias", r.d_bias, Sp, S),
-            resize_state(op, "d_old_h", r.d_old_h, Sp, S),
-            resize_state(op, "d_old_cell", r.d_old_cell, Sp, S)};
+        padded(go), padded(ghn), padded(gcn), input, p[w], p[w + 1], p[w + 2], p[w + 3], p[w + 4],
+        p[w + 5], input_grad, allow_tf32, batch_sizes);
+    ColumnResize back(op, input, /*arena=*/false);
+    back.weights("d_weights", r.d_weights, Sp, S, d.F);
+    back.state("d_bias", r.d_bias, Sp, S);
+    back.state("d_old_h", r.d_old_h, Sp, S);
+    back.state("d_old_cell", r.d_old_cell, Sp, S);
+    const std::vector<Tensor> o = back.run();
+    return {r.d_input, o[0], o[1], o[2], o[3]};
   }
   BackwardResult r =
       sequence_backward<CudaDev>(grad_outputs, grad_h_n, grad_c_n, input, weights, old_h, old_cell,
