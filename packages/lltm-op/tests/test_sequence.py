@@ -1190,15 +1190,15 @@ def test_cuda_wide_16bit_forward_takes_eight_rows_where_its_clusters_fit(dtype, 
 def test_cuda_small_batches_take_eight_rows_by_the_rule(dtype, B, S):
     """At B <= 8 (one cluster either way) the rule runs the block-local
     kernels on 8 batch rows a cluster in float32 (TF32) from S = 40 to 256
-    (its forward from S = 24), and in 16-bit types at S = 128 (their
-    forward from S = 40 to 128); on 16 elsewhere (one block at the smallest
-    sizes): the kernels' row count as their names say, and float64's result
-    within the dtype's error, two backward chunks."""
+    (its forward from S = 24), and in 16-bit types from S = 40 to 128; on
+    16 elsewhere (one block at the smallest sizes): the kernels' row count
+    as their names say, and float64's result within the dtype's error, two
+    backward chunks."""
     names = _run_by_the_rule(dtype, B, S)
     if dtype == torch.float32:
         want, want_forward = ("8" if 40 <= S <= 256 else "16"), ("8" if 24 <= S <= 256 else "16")
     else:
-        want, want_forward = ("8" if S == 128 else "16"), ("8" if 40 <= S <= 128 else "16")
+        want = want_forward = "8" if 40 <= S <= 128 else "16"
     local = _tc_kernel_args(names, "tc_local")
     forward = [a for kind, a in local if kind == "forward"]
     # kRows: the forward's sixth template argument, the backward's last
