@@ -2932,7 +2932,8 @@ class ColumnResize {
                {nullptr, nullptr, 3 * to, to + F, to, from, live, live, to - from, from + F});
   }
 
-  // The tensors, in the order added, allocated and copied.
+  // The tensors, in the order added, allocated and copied (once: it takes
+  // the items' sizes).
   std::vector<Tensor> run() {
     std::vector<Tensor> out;
     out.reserve(items_.size());
@@ -2946,7 +2947,11 @@ class ColumnResize {
       }
       const Tensor buffer = alloc(op_, "the inputs at a padded state size", like_, {total});
       for (size_t k = 0; k < items_.size(); ++k) {
-        out.push_back(view_of(buffer, items_[k].sizes, contiguous_strides(items_[k].sizes), at[k]));
+        // Moved, not copied: a vector's copy would reference
+        // std::__throw_bad_array_new_length (GLIBCXX_3.4.29, past the
+        // manylinux_2_28 floor) with a newer libstdc++.
+        std::vector<int64_t> strides = contiguous_strides(items_[k].sizes);
+        out.push_back(view_of(buffer, std::move(items_[k].sizes), std::move(strides), at[k]));
       }
     } else {
       for (const Item& it : items_) out.push_back(alloc(op_, it.what, like_, it.sizes));
