@@ -1425,9 +1425,9 @@ bool wide_eight_rows(int64_t S, bool forward) {
 
 // Whether the rule runs a batch of at most 8 rows (one cluster either way)
 // on 8 rows a cluster: S = 40 to 128 in 16-bit types, S = 40 to 256 in
-// float32 (TF32; its forward from S = 24). H200, T256,
-// kernel time of a call, us, 16 rows against 8 (both directions where they
-// are block-local), B8: float32 S = 128 inference 245 against 227,
+// float32 (TF32; its forward from S = 24). H200, T256, kernel time of a
+// call, us, 16 rows against 8 (both directions where they are
+// block-local), B8: float32 S = 128 inference 245 against 227,
 // forward+backward 761 against 723; S = 256 414 / 387 and 1273
 // / 1246; bfloat16 S = 128 242 / 230 and 604 / 556; float16 S = 128 228 /
 // 218 and 590 / 552; float32 B5 S = 128 264 / 234 and 742 / 682. Not at
@@ -1447,13 +1447,15 @@ bool wide_eight_rows(int64_t S, bool forward) {
 // / 2190; bfloat16 S = 64 2221 / 1969 and 2061 / 1873, S = 120 2393 / 2274
 // and 2257 / 2152. Below S = 40 the 16-bit forward's one block of 16 rows
 // stays (T1024 float16 B8 S24 inference 603 against 660 us on 8).
-// float32 (TF32) takes 8 from S = 24 forward and 40 backward (since 0.6.36; below S = 128 its 16
-// rows took one block up to S = 64): H200, wall time of a call, us, 16 rows against 8 (both
-// directions), B8 / B3: inference T256 S = 24 211 / 191 (B8), S = 32 226 / 200, S = 40 329 / 233
-// and 322 / 235, S = 64 394 / 215, S = 96 283 / 261, S = 120 305 / 283; T1024 S = 32 696 / 615 and
-// 687 / 651, S = 64 1405 / 700 and 1264 / 742, S = 112 1007 / 916; forward+backward T1024 S = 40
-// 2463 / 1972 and 2420 / 1922, S = 64 3334 / 2213 and 2924 / 2103, S = 96 2886 / 2753 and 2850 /
-// 2608, S = 120 3283 / 3109 and 3037 / 2816; at S = 32 the backward on 8 was slower (T1024 1812 /
+// float32 (TF32) takes 8 from S = 24 forward and 40 backward (since 0.6.36;
+// below S = 128 its 16 rows took one block up to S = 64): H200, wall time of
+// a call, us, 16 rows against 8 (both directions), B8 / B3: inference T256 S
+// = 24 211 / 191 (B8), S = 32 226 / 200, S = 40 329 / 233 and 322 / 235, S =
+// 64 394 / 215, S = 96 283 / 261, S = 120 305 / 283; T1024 S = 32 696 / 615
+// and 687 / 651, S = 64 1405 / 700 and 1264 / 742, S = 112 1007 / 916;
+// forward+backward T1024 S = 40 2463 / 1972 and 2420 / 1922, S = 64 3334 /
+// 2213 and 2924 / 2103, S = 96 2886 / 2753 and 2850 / 2608, S = 120 3283 /
+// 3109 and 3037 / 2816; at S = 32 the backward on 8 was slower (T1024 1812 /
 // 1910 and 1725 / 1910).
 template <typename T>
 bool eight_rows_at_small_batch(int64_t S, bool forward) {
