@@ -207,18 +207,25 @@ inline StepRows check_batch_sizes(const char* op, const std::optional<Tensor>& b
 
 // -- tensors --------------------------------------------------------------------
 
+// The strides of a contiguous tensor of these sizes (a size-1 dimension
+// steps as torch's own contiguous tensors do).
+inline std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& sizes) {
+  std::vector<int64_t> strides(sizes.size());
+  int64_t step = 1;
+  for (size_t k = sizes.size(); k-- > 0;) {
+    strides[k] = step;
+    step *= sizes[k] > 1 ? sizes[k] : 1;
+  }
+  return strides;
+}
+
 // A fresh contiguous tensor; an allocation failure (out of memory) is an
 // error naming the op and the buffer, not a bare shim failure.
 inline Tensor alloc(const char* op, const char* what, const Tensor& like,
                     const std::vector<int64_t>& sizes,
                     std::optional<int32_t> dtype = std::nullopt) {
   const int64_t ndim = static_cast<int64_t>(sizes.size());
-  std::vector<int64_t> strides(sizes.size());
-  int64_t step = 1;
-  for (int64_t k = ndim - 1; k >= 0; --k) {
-    strides[k] = step;
-    step *= sizes[k] > 1 ? sizes[k] : 1;
-  }
+  const std::vector<int64_t> strides = contiguous_strides(sizes);
   int32_t like_dtype = 0, device_type = 0, device_index = 0;
   OPSCOMMON_SHIM_CHECK(aoti_torch_get_dtype(like.get(), &like_dtype));
   OPSCOMMON_SHIM_CHECK(aoti_torch_get_device_type(like.get(), &device_type));

@@ -2859,11 +2859,12 @@ struct CudaDev {
 
   // pad_columns_kernel over jobs[0 .. count) (most: the largest one's
   // elements), in one launch.
-  static void pad_columns(const Tensor& like, const PadJobs& jobs, int count, int64_t most) {
+  static void pad_columns(const char* op, const Tensor& like, const PadJobs& jobs, int count,
+                          int64_t most) {
     if (count == 0 || most == 0) return;
     const int device = like.get_device();
     const cudaStream_t stream = opscommon::current_stream(device);
-    opscommon::dispatch_floating(like.scalar_type(), kSeqForward, [&](auto tag) {
+    opscommon::dispatch_floating(like.scalar_type(), op, [&](auto tag) {
       using T = decltype(tag);
       const auto cfg = opscommon::launch_config(most, device, kThreads, 8);
       pad_columns_kernel<T>
@@ -2967,7 +2968,7 @@ class ColumnResize {
       jobs.job[k] = j;
       most = std::max(most, j.rows * j.n_dst);
     }
-    CudaDev::pad_columns(like_, jobs, static_cast<int>(items_.size()), most);
+    CudaDev::pad_columns(op_, like_, jobs, static_cast<int>(items_.size()), most);
     return out;
   }
 
@@ -2988,15 +2989,6 @@ class ColumnResize {
     int64_t n = 1;
     for (const int64_t v : sizes) n *= v;
     return n;
-  }
-  static std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& sizes) {
-    std::vector<int64_t> strides(sizes.size());
-    int64_t step = 1;
-    for (size_t k = sizes.size(); k-- > 0;) {
-      strides[k] = step;
-      step *= sizes[k] > 1 ? sizes[k] : 1;
-    }
-    return strides;
   }
 
   const char* op_;
@@ -3100,7 +3092,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_backward_cuda(
     };
     const int go = pad(grad_outputs, "grad_outputs"), ghn = pad(grad_h_n, "grad_h_n"),
               gcn = pad(grad_c_n, "grad_c_n");
-    in.weights("weights", weights, S, Sp, d.F);
+    const int w = in.weights("weights", weights, S, Sp, d.F);  // and the five after it
     in.state("old_h", old_h, S, Sp);
     in.state("old_cell", old_cell, S, Sp);
     in.state("outputs", outputs, S, Sp);
@@ -3111,7 +3103,6 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sequence_backward_cuda(
       if (k < 0) return std::nullopt;
       return p[k];
     };
-    const size_t w = p.size() - 6;  // the weights and the five after them
     const BackwardResult r = sequence_backward<CudaDev>(
         padded(go), padded(ghn), padded(gcn), input, p[w], p[w + 1], p[w + 2], p[w + 3], p[w + 4],
         p[w + 5], input_grad, allow_tf32, batch_sizes);
