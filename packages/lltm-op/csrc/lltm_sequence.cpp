@@ -208,8 +208,8 @@ struct CpuDev {
 
   // The bias gradient: float64 column sums, chunk by chunk (fixed order).
   static Tensor bias_partial(const Tensor& like, const Dims& d, bool) {
-    Tensor p =
-        alloc(kSeqBackward, "the bias-gradient sums", like, {3 * d.S}, aoti_torch_dtype_float64());
+    Tensor p = empty_contiguous(kSeqBackward, "the bias-gradient sums", like, {3 * d.S},
+                                aoti_torch_dtype_float64());
     zero(p);
     return p;
   }
@@ -329,7 +329,7 @@ template <typename To, typename From>
 Tensor converted(const char* op, const char* what, const Tensor& t, int32_t to_dtype) {
   std::vector<int64_t> sizes(t.dim());
   for (int64_t k = 0; k < t.dim(); ++k) sizes[k] = t.size(k);
-  Tensor out = alloc(op, what, t, sizes, to_dtype);
+  Tensor out = empty_contiguous(op, what, t, sizes, to_dtype);
   const int64_t n = t.numel();
   if (n == 0) return out;
   const Tensor src = dense(t);

@@ -207,42 +207,9 @@ inline StepRows check_batch_sizes(const char* op, const std::optional<Tensor>& b
 
 // -- tensors --------------------------------------------------------------------
 
-// The strides of a contiguous tensor of these sizes (a size-1 dimension
-// steps as torch's own contiguous tensors do).
-inline std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& sizes) {
-  std::vector<int64_t> strides(sizes.size());
-  int64_t step = 1;
-  for (size_t k = sizes.size(); k-- > 0;) {
-    strides[k] = step;
-    step *= sizes[k] > 1 ? sizes[k] : 1;
-  }
-  return strides;
-}
-
-// A fresh contiguous tensor; an allocation failure (out of memory) is an
-// error naming the op and the buffer, not a bare shim failure.
-inline Tensor alloc(const char* op, const char* what, const Tensor& like,
-                    const std::vector<int64_t>& sizes,
-                    std::optional<int32_t> dtype = std::nullopt) {
-  const int64_t ndim = static_cast<int64_t>(sizes.size());
-  const std::vector<int64_t> strides = contiguous_strides(sizes);
-  int32_t like_dtype = 0, device_type = 0, device_index = 0;
-  OPSCOMMON_SHIM_CHECK(aoti_torch_get_dtype(like.get(), &like_dtype));
-  OPSCOMMON_SHIM_CHECK(aoti_torch_get_device_type(like.get(), &device_type));
-  OPSCOMMON_SHIM_CHECK(aoti_torch_get_device_index(like.get(), &device_index));
-  AtenTensorHandle handle = nullptr;
-  const auto err =
-      aoti_torch_empty_strided(ndim, sizes.data(), strides.data(), dtype.value_or(like_dtype),
-                               device_type, device_index, &handle);
-  if (err != AOTI_TORCH_SUCCESS) {
-    std::string shape = "[";
-    for (size_t k = 0; k < sizes.size(); ++k) shape += (k ? ", " : "") + std::to_string(sizes[k]);
-    shape += "]";
-    OPSCOMMON_CHECK(false, op, ": could not allocate ", what, " ", shape, " on ",
-                    opscommon::device_str(like), " (out of memory?)");
-  }
-  return Tensor(handle);
-}
+// A fresh contiguous tensor; a failed allocation is an error that names the
+// op, the buffer (`what`) and its size.
+using opscommon::empty_contiguous;
 
 // A view of base's storage (no dispatcher call): sizes and strides in
 // elements, offset in elements from base's own first element (the shim's
@@ -564,7 +531,8 @@ struct GemmAccumulator {
     }
     if (products.add(dst, a, b)) return;
     if (!tmp)
-      tmp = alloc(op, "a weight-gradient partial", products.like, {dst.size(0), dst.size(1)});
+      tmp = empty_contiguous(op, "a weight-gradient partial", products.like,
+                             {dst.size(0), dst.size(1)});
     mm_out(op, *tmp, a, b);
     Dev::add_into(dst, *tmp);
   }
@@ -626,9 +594,11 @@ ForwardResult sequence_forward(const Tensor& input_arg, const Tensor& weights_ar
   // the next chunk's first step reads the last one's, slot 1 (K is even).
   const int64_t cell_slots = inference ? std::min<int64_t>(K, 2) : K;
   const Tensor& like = input_arg;
-  ForwardResult r{alloc(op, "outputs", like, {T, B, S}), alloc(op, "h_n", like, {B, S}),
-                  alloc(op, "c_n", like, {B, S}), alloc(op, "gates", like, {K, B, S3}),
-                  alloc(op, "cells", like, {cell_slots, B, S})};
+  ForwardResult r{empty_contiguous(op, "the outputs", like, {T, B, S}),
+                  empty_contiguous(op, "h_n", like, {B, S}),
+                  empty_contiguous(op, "c_n", like, {B, S}),
+                  empty_contiguous(op, "gates", like, {K, B, S3}),
+                  empty_contiguous(op, "cells", like, {cell_slots, B, S})};
   if (B * S == 0) return r;
   if (T == 0) {
     torch::stable::copy_(r.h_n, old_h_arg);
@@ -746,7 +716,7 @@ ForwardResult sequence_forward(const Tensor& input_arg, const Tensor& weights_ar
                                    products.workspace)) {
         s.product_in_gates = true;  // the cell adds the bias
       } else if (splits > 1) {
-        if (!rec) rec = alloc(op, "a step's recurrent product", like, {splits, B, S3});
+        if (!rec) rec = empty_contiguous(op, "a step's recurrent product", like, {splits, B, S3});
         // h_{t-1} [n, S] @ W_h^T [S, 3S] (W_h's rows of stride L).
         const Strided h{s.h_prev, S, 1}, w_hT{weights.const_data_ptr(), 1, L};
         const PartsProduct parts{op,     splits, n, S3, S, h, w_hT, rec->mutable_data_ptr(),
@@ -758,7 +728,7 @@ ForwardResult sequence_forward(const Tensor& input_arg, const Tensor& weights_ar
         s.rec_splits = splits;
         s.rec_stride = B * S3;
       } else {
-        if (!rec) rec = alloc(op, "a step's recurrent product", like, {B, S3});
+        if (!rec) rec = empty_contiguous(op, "a step's recurrent product", like, {B, S3});
         Tensor rec_n = view_of(*rec, {n, S3}, {S3, 1});
         mm_out(op, rec_n, h_prev_view(), w_hT_view);
         s.rec = rec->const_data_ptr();
@@ -795,10 +765,12 @@ BackwardResult sequence_backward(const std::optional<Tensor>& grad_outputs_arg,
   const StepRows rows = check_batch_sizes(op, batch_sizes, d);
   const int64_t T = d.T, B = d.B, F = d.F, S = d.S, S3 = 3 * S, L = S + F;
   const Tensor& like = input_arg;
-  BackwardResult r{
-      input_grad ? alloc(op, "d_input", like, {T, B, F}) : alloc(op, "d_input", like, {0}),
-      alloc(op, "d_weights", like, {S3, L}), alloc(op, "d_bias", like, {S3}),
-      alloc(op, "d_old_h", like, {B, S}), alloc(op, "d_old_cell", like, {B, S})};
+  BackwardResult r{input_grad ? empty_contiguous(op, "d_input", like, {T, B, F})
+                              : empty_contiguous(op, "d_input", like, {0}),
+                   empty_contiguous(op, "d_weights", like, {S3, L}),
+                   empty_contiguous(op, "d_bias", like, {S3}),
+                   empty_contiguous(op, "d_old_h", like, {B, S}),
+                   empty_contiguous(op, "d_old_cell", like, {B, S})};
   if (T == 0 || B * S == 0) {
     // No step (or nothing in a step): the weights get no gradient, the
     // initial state gets what came for the final state.
@@ -835,7 +807,7 @@ BackwardResult sequence_backward(const std::optional<Tensor>& grad_outputs_arg,
   const int64_t K = (T + chunks - 1) / chunks;
   // K slots for a chunk's steps and one (slot K) that carries dG of the first
   // step of the chunk after it (in time), which the chunk's last step needs.
-  Tensor dG = alloc(op, "the pre-activation gradients of a chunk", like, {K + 1, B, S3});
+  Tensor dG = empty_contiguous(op, "the pre-activation gradients of a chunk", like, {K + 1, B, S3});
   Tensor& dc = r.d_old_cell;  // running gradient of the cell state
   ChunkProducts<Dev> products{op, like, tf32,
                               product_workspace(d, static_cast<int64_t>(like.element_size()))};
@@ -845,8 +817,8 @@ BackwardResult sequence_backward(const std::optional<Tensor>& grad_outputs_arg,
       step_fused || rows.packed() ? 1 : Dev::step_splits(like, B, S, S3, products.workspace.bound);
   std::optional<Tensor> dh;
   if (!step_fused) {
-    dh = splits > 1 ? alloc(op, "a step's recurrent gradient", like, {splits, B, S})
-                    : alloc(op, "a step's recurrent gradient", like, {B, S});
+    dh = splits > 1 ? empty_contiguous(op, "a step's recurrent gradient", like, {splits, B, S})
+                    : empty_contiguous(op, "a step's recurrent gradient", like, {B, S});
   }
   Tensor partial = Dev::bias_partial(like, d, fused);
   const Tensor w_h = view_of(weights, {S3, S}, {L, 1});

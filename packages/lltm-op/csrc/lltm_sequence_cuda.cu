@@ -2027,8 +2027,8 @@ struct CudaDev {
 
   // One zeroed arrival counter per block row (stream-ordered, capturable).
   static Tensor arrival_counters(const Tensor& like, int64_t rows) {
-    Tensor t =
-        alloc(kSeqForward, "the step barrier's counters", like, {rows}, aoti_torch_dtype_int64());
+    Tensor t = empty_contiguous(kSeqForward, "the step barrier's counters", like, {rows},
+                                aoti_torch_dtype_int64());
     zero(t);
     return t;
   }
@@ -2043,7 +2043,7 @@ struct CudaDev {
     Tensor host = torch::stable::empty(shape, torch::headeronly::ScalarType::Long, std::nullopt,
                                        std::nullopt, /*pin_memory=*/true);
     std::memcpy(host.mutable_data_ptr(), sizes, static_cast<size_t>(T) * sizeof(int64_t));
-    Tensor dev = alloc(op, "the batch sizes", like, shape, aoti_torch_dtype_int64());
+    Tensor dev = empty_contiguous(op, "the batch sizes", like, shape, aoti_torch_dtype_int64());
     torch::stable::copy_(dev, host, /*non_blocking=*/true);
     return dev;
   }
@@ -2222,7 +2222,7 @@ struct CudaDev {
                                 std::optional<Tensor>& copy_of) {
     const void* h0 = a.first.h_prev;
     if (reinterpret_cast<uintptr_t>(h0) % 16 == 0) return h0;
-    copy_of = alloc(kSeqForward, "an aligned copy of old_h", like, {a.B, a.S});
+    copy_of = empty_contiguous(kSeqForward, "an aligned copy of old_h", like, {a.B, a.S});
     copy(like, copy_of->mutable_data_ptr(), h0,
          a.B * a.S * static_cast<int64_t>(like.element_size()));
     return copy_of->const_data_ptr();
@@ -2715,7 +2715,7 @@ struct CudaDev {
       const auto bytes = static_cast<int64_t>(plan.workspace);
       std::optional<Tensor>& t = workspace.tensor;
       if (!t || t->numel() < bytes) {
-        t = alloc(op, "the cuBLASLt workspace", like, {bytes}, aoti_torch_dtype_uint8());
+        t = empty_contiguous(op, "the cuBLASLt workspace", like, {bytes}, aoti_torch_dtype_uint8());
       }
       ws = t->mutable_data_ptr();
     }
@@ -2763,8 +2763,8 @@ struct CudaDev {
     const int32_t acc_dtype = like.scalar_type() == torch::headeronly::ScalarType::Double
                                   ? aoti_torch_dtype_float64()
                                   : aoti_torch_dtype_float32();
-    Tensor p =
-        alloc(kSeqBackward, "the bias-gradient partial sums", like, {rows, 3 * d.S}, acc_dtype);
+    Tensor p = empty_contiguous(kSeqBackward, "the bias-gradient partial sums", like,
+                                {rows, 3 * d.S}, acc_dtype);
     zero(p);
     return p;
   }
@@ -2780,7 +2780,7 @@ struct CudaDev {
     if (gy > 65535 || gx > 65535) {
       return torch::stable::contiguous(view_of(t, {cols, rows}, {1, ld}));
     }
-    Tensor out = alloc(op, "the transposed recurrent weights", t, {cols, rows});
+    Tensor out = empty_contiguous(op, "the transposed recurrent weights", t, {cols, rows});
     if (rows * cols == 0) return out;
     const int device = t.get_device();
     const dim3 grid(static_cast<unsigned int>(gx), static_cast<unsigned int>(gy));
@@ -2948,16 +2948,18 @@ class ColumnResize {
         at.push_back(total);
         total += (numel(it.sizes) + align - 1) / align * align;
       }
-      const Tensor buffer = alloc(op_, "the inputs at a padded state size", like_, {total});
+      const Tensor buffer =
+          empty_contiguous(op_, "the inputs at a padded state size", like_, {total});
       for (size_t k = 0; k < items_.size(); ++k) {
         // Moved, not copied: a vector's copy would reference
         // std::__throw_bad_array_new_length (GLIBCXX_3.4.29, past the
-        // manylinux_2_28 floor) with a newer libstdc++.
-        std::vector<int64_t> strides = contiguous_strides(items_[k].sizes);
+        // manylinux_2_28 floor) with a newer libstdc++. An item's count
+        // fits: it is part of the buffer just allocated.
+        std::vector<int64_t> strides = *opscommon::contiguous_strides(items_[k].sizes);
         out.push_back(view_of(buffer, std::move(items_[k].sizes), std::move(strides), at[k]));
       }
     } else {
-      for (const Item& it : items_) out.push_back(alloc(op_, it.what, like_, it.sizes));
+      for (const Item& it : items_) out.push_back(empty_contiguous(op_, it.what, like_, it.sizes));
     }
     PadJobs jobs{};
     int64_t most = 0;

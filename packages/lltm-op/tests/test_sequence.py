@@ -23,6 +23,7 @@ OP = "lltm_op.lltm_sequence"
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 seq_forward = torch.ops.lltm_op.sequence_forward.default
 seq_backward = torch.ops.lltm_op.sequence_backward.default
+seq_inference = torch.ops.lltm_op.sequence_inference.default
 
 
 def need(device: str) -> str:
@@ -303,6 +304,20 @@ class TestSequenceContract(OpContract):
                 "state size overflows",
                 lambda: seq_forward(z(2, 0, 3), z(0, 8), z(0), z(0, 2**62), z(0, 2**62)),
                 r"lltm_op.sequence_forward: the state size is too large",
+            ),
+            # A failed allocation names the op, the buffer and its size: a
+            # sequence of 2^40 steps, its input one step expanded.
+            BadInput(
+                "sequence_forward out of memory",
+                lambda: seq_forward(z(1, 1, 3).expand(2**40, 1, 3), z(6, 5), z(6), z(1, 2), z(1, 2)),
+                rf"^lltm_op.sequence_forward: could not allocate the outputs, a float32 tensor of shape "
+                rf"\[1099511627776, 1, 2\] \(8796093022208 bytes\) on {this} \(out of memory\?\)$",
+            ),
+            BadInput(
+                "sequence_inference out of memory",
+                lambda: seq_inference(z(1, 1, 3).expand(2**40, 1, 3), z(6, 5), z(6), z(1, 2), z(1, 2)),
+                rf"^lltm_op.sequence_inference: could not allocate the outputs, a float32 tensor of shape "
+                rf"\[1099511627776, 1, 2\] \(8796093022208 bytes\) on {this} \(out of memory\?\)$",
             ),
         ]
 

@@ -84,3 +84,29 @@ def test_kernel_exceptions_become_runtime_errors(tiny):
     # Numbers in messages (sizes) once crashed some torch builds: see checks.h.
     with pytest.raises(RuntimeError, match=r"opscommon_tiny.raise_with_size: size 7 shape \[7, 2\]"):
         tiny.raise_with_size(torch.ones(7, 2))
+
+
+@pytest.mark.parametrize("rows, a, b", [(3, 4, 5), (1, 4, 5), (3, 1, 5), (3, 4, 1), (0, 4, 5), (3, 0, 5), (1, 1, 1)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.int64])
+def test_empty_contiguous_has_torch_strides(tiny, rows, a, b, dtype):
+    out = tiny.empty_rows(torch.ones(rows, dtype=dtype), a, b)
+    want = torch.empty(rows, a, b, dtype=dtype)
+    assert (out.shape, out.stride(), out.dtype, out.device) == (want.shape, want.stride(), want.dtype, want.device)
+    assert out.is_contiguous()
+
+
+@pytest.mark.parametrize(
+    "a, b, size",
+    [
+        (2**40, 2**10, r"\[4, 1099511627776, 1024\] \(18014398509481984 bytes\)"),
+        (2**61, 4, r"\[4, 2305843009213693952, 4\] \(more than 2\^63 bytes\)"),
+    ],
+)
+def test_empty_contiguous_failure_names_op_buffer_and_size(tiny, a, b, size):
+    """Too large to allocate (first) or to count in int64 (second)."""
+    message = (
+        rf"^opscommon_tiny.empty_rows: could not allocate the rows, a float32 tensor of shape {size} "
+        r"on cpu \(out of memory\?\)$"
+    )
+    with pytest.raises(RuntimeError, match=message):
+        tiny.empty_rows(torch.ones(4), a, b)

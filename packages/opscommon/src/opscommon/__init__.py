@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-__version__ = "0.5.1"
+__version__ = "0.5.2"
 
 # The oldest torch whose LibTorch stable ABI every op binary targets.
 TORCH_TARGET_VERSION = (2, 10)

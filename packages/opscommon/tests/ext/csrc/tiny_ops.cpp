@@ -61,6 +61,11 @@ Tensor raise_with_size(Tensor x) {
   return x;
 }
 
+// A fresh [x.size(0), ...sizes] tensor of x's dtype and device (values unset).
+Tensor empty_rows(Tensor x, int64_t a, int64_t b) {
+  return opscommon::empty_contiguous("opscommon_tiny.empty_rows", "the rows", x, {x.size(0), a, b});
+}
+
 }  // namespace
 
 STABLE_TORCH_LIBRARY(opscommon_tiny, m) {
@@ -68,6 +73,7 @@ STABLE_TORCH_LIBRARY(opscommon_tiny, m) {
   m.def("rows_of_three(Tensor x) -> Tensor");
   m.def("raise_plain(Tensor x) -> Tensor");
   m.def("raise_with_size(Tensor x) -> Tensor");
+  m.def("empty_rows(Tensor x, int a, int b) -> Tensor");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(opscommon_tiny, CPU, m) {
@@ -75,4 +81,5 @@ STABLE_TORCH_LIBRARY_IMPL(opscommon_tiny, CPU, m) {
   m.impl("rows_of_three", TORCH_BOX(&rows_of_three));
   m.impl("raise_plain", TORCH_BOX(&raise_plain));
   m.impl("raise_with_size", TORCH_BOX(&raise_with_size));
+  m.impl("empty_rows", TORCH_BOX(&empty_rows));
 }

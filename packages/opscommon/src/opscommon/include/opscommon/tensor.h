@@ -86,39 +86,52 @@ inline std::vector<int64_t> sizes_of(const Tensor& t) {
 
 }  // namespace detail
 
+// The strides of a contiguous tensor of these sizes, as torch makes them (a
+// dimension of size 0 or 1 steps as if it were absent), or nullopt when the
+// element count overflows int64.
+inline std::optional<std::vector<int64_t>> contiguous_strides(const std::vector<int64_t>& sizes) {
+  std::vector<int64_t> strides(sizes.size());
+  int64_t step = 1;
+  for (size_t d = sizes.size(); d-- > 0;) {
+    strides[d] = step;
+    if (__builtin_mul_overflow(step, sizes[d] > 1 ? sizes[d] : 1, &step)) return std::nullopt;
+  }
+  return strides;
+}
+
 // A fresh contiguous tensor of the given sizes on like's device, with like's
 // dtype or `dtype` (an aoti_torch_dtype_*() code). Through the C shim's
 // empty_strided: torch::stable::new_empty/empty_like look the aten op up by
 // name and call it boxed, which costs a launch-bound op several microseconds
-// per output. A failed allocation (out of memory) raises an error that names
-// `op` and the size asked for.
-inline Tensor empty_contiguous(const char* op, const Tensor& like,
+// per output. A failed allocation (out of memory, or sizes whose element
+// count overflows) raises an error that names `op`, the buffer (`what`, as
+// in "could not allocate <what>") and the size asked for.
+inline Tensor empty_contiguous(const char* op, const char* what, const Tensor& like,
                                const std::vector<int64_t>& sizes,
                                std::optional<int32_t> dtype = std::nullopt) {
-  const int64_t ndim = static_cast<int64_t>(sizes.size());
-  std::vector<int64_t> strides(sizes.size());
-  int64_t step = 1;
-  bool overflow = false;
-  for (int64_t d = ndim - 1; d >= 0; --d) {
-    strides[d] = step;
-    // torch's contiguous strides; an overflowing product is refused below.
-    if (__builtin_mul_overflow(step, sizes[d] > 1 ? sizes[d] : 1, &step)) overflow = true;
-  }
+  const std::optional<std::vector<int64_t>> strides = contiguous_strides(sizes);
   int32_t like_dtype = 0, device_type = 0, device_index = 0;
   if (!dtype) OPSCOMMON_SHIM_CHECK(aoti_torch_get_dtype(like.get(), &like_dtype));
   OPSCOMMON_SHIM_CHECK(aoti_torch_get_device_type(like.get(), &device_type));
   OPSCOMMON_SHIM_CHECK(aoti_torch_get_device_index(like.get(), &device_index));
   AtenTensorHandle handle = nullptr;
-  if (overflow ||
-      aoti_torch_empty_strided(ndim, sizes.data(), strides.data(), dtype.value_or(like_dtype),
-                               device_type, device_index, &handle) != AOTI_TORCH_SUCCESS) {
+  if (!strides || aoti_torch_empty_strided(static_cast<int64_t>(sizes.size()), sizes.data(),
+                                           strides->data(), dtype.value_or(like_dtype), device_type,
+                                           device_index, &handle) != AOTI_TORCH_SUCCESS) {
     std::string name;
     int64_t size = 0;
     detail::dtype_code_info(dtype.value_or(like_dtype), name, size);
     throw std::runtime_error(
-        detail::allocation_failure(op, "an output", sizes, name, size, device_str(like)));
+        detail::allocation_failure(op, what, sizes, name, size, device_str(like)));
   }
   return Tensor(handle);
+}
+
+// The same for an op's output.
+inline Tensor empty_contiguous(const char* op, const Tensor& like,
+                               const std::vector<int64_t>& sizes,
+                               std::optional<int32_t> dtype = std::nullopt) {
+  return empty_contiguous(op, "an output", like, sizes, dtype);
 }
 
 // The same, for callers that name no op.
