@@ -8,9 +8,7 @@ plus what torch's ``BuildExtension`` adds (read from the ``cpp_extension.py``
 next to the headers), the include dirs ``opscommon.get_include()``,
 ``<package>/csrc`` and torch's, and ``-gencode`` for every entry of the arch
 list. ninja drives the compiles (``MAX_JOBS`` parallel jobs), and each nvcc
-compiles its architectures in parallel (``--threads``, as many as jobs): one
-large source would otherwise compile its architectures one after another on
-one core while the others sit idle.
+compiles that many architectures at once (the build helper's ``--threads``).
 
 Run inside an environment where opscommon and ninja are installed:
 
@@ -137,7 +135,6 @@ def main() -> int:
         Path(sysconfig.get_paths()["include"]),
     ]
     cxx = os.environ.get("CXX", "c++")
-    jobs = os.environ.get("MAX_JOBS") or str(os.cpu_count() or 1)
 
     build_dir = args.build_dir.resolve()
     build_dir.mkdir(parents=True, exist_ok=True)
@@ -146,7 +143,7 @@ def main() -> int:
         f"nvcc = {ninja_escape(str(nvcc))}",
         f"cxx = {ninja_escape(cxx)}",
         "rule nvcc",
-        f"  command = $nvcc --threads {jobs} $flags -c $in -o $out",
+        "  command = $nvcc $flags -c $in -o $out",
         "  description = NVCC $in",
         "rule cxx",
         "  command = $cxx $flags -c $in -o $out",
@@ -199,6 +196,7 @@ def main() -> int:
 
     for stale in build_dir.rglob("_C.abi3.so"):
         stale.unlink()
+    jobs = os.environ.get("MAX_JOBS") or str(os.cpu_count() or 1)
     start = time.perf_counter()
     proc = subprocess.run([ninja, "-C", str(build_dir), "-k", "0", "-j", jobs])
     elapsed = time.perf_counter() - start

@@ -29,6 +29,19 @@ def test_cuda_flags_only_for_cuda():
     assert "-DUSE_CUDA" in nvcc and "-O3" in nvcc
 
 
+@pytest.mark.parametrize("max_jobs, want", [("3", 3), ("1", 1), (None, None), ("0", None), ("many", None)])
+def test_nvcc_compiles_max_jobs_architectures_at_once(monkeypatch, max_jobs, want):
+    """MAX_JOBS, else (unset or not a positive number) the CPU count."""
+    if max_jobs is None:
+        monkeypatch.delenv("MAX_JOBS", raising=False)
+    else:
+        monkeypatch.setenv("MAX_JOBS", max_jobs)
+    want = want or os.cpu_count() or 1
+    nvcc = build.compile_flags(cuda=True)["nvcc"]
+    assert nvcc[nvcc.index("--threads") + 1] == str(want)
+    assert "--threads" not in build.compile_flags(cuda=True)["cxx"]
+
+
 @pytest.mark.parametrize(
     "value, want", [(None, "auto"), ("AUTO", "auto"), ("1", "1"), ("cuda", "1"), ("0", "0"), ("off", "0")]
 )
