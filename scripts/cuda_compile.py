@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 import opscommon
-from opscommon.build import DEFAULT_CUDA_ARCH_LIST, compile_flags, validate_arch_list
+from opscommon.build import DEFAULT_CUDA_ARCH_LIST, compile_flags, nvcc_threads, validate_arch_list
 
 # torch.utils.cpp_extension.COMMON_NVCC_FLAGS as of torch 2.10-2.14, used when
 # the torch tree at hand has no readable cpp_extension.py.
@@ -196,7 +196,8 @@ def main() -> int:
 
     for stale in build_dir.rglob("_C.abi3.so"):
         stale.unlink()
-    jobs = os.environ.get("MAX_JOBS") or str(os.cpu_count() or 1)
+    # As many compiles as each nvcc's --threads: MAX_JOBS, else the CPU count.
+    jobs = str(nvcc_threads())
     start = time.perf_counter()
     proc = subprocess.run([ninja, "-C", str(build_dir), "-k", "0", "-j", jobs])
     elapsed = time.perf_counter() - start
