@@ -458,20 +458,26 @@ __device__ __forceinline__ void mma_group(float (&acc)[NT][4], const uint4 (&v)[
 }
 
 // acc[nt] += A[the thread's rows; the range's chunks] @ fragments, one
-// chain per tile, A read by `get` (see load_group), two groups of kGroup
-// chunks in flight (L2's latency needs more loads in flight than shared
-// memory's).
-template <typename T, int NT, bool kSecond = true, typename Get>
+// chain per tile, A read by `get` (see load_group) into a ring of NB
+// groups of G chunks: NB - 1 groups' loads in flight during a group's
+// products (L2's latency needs more loads in flight than shared
+// memory's). The ring's registers are the same at G NB = 8; how they are
+// cut changes ptxas's schedule: the float32 (TF32) backward took less time
+// on 8 groups of one chunk than on 2 of 4 (H200, T256 backward kernel, B8
+// S1024 1370 against 1605 us), the 16-bit kernels as much or more
+// (bfloat16 B256 S1024 3650-3710 against 3350-3360).
+template <typename T, int NT, bool kSecond = true, int G = kGroup, int NB = 2, typename Get>
 __device__ __forceinline__ void tile_product(float (&acc)[NT][4], Get get, const KRange& kr,
                                              const uint2* frag) {
-  constexpr int G = kGroup;
-  uint4 va[G][2], vb[G][2];
-  load_group<T, G, kSecond>(va, get, kr, 0);
-  for (int u = 0; u < kr.chunks; u += 2 * G) {
-    load_group<T, G, kSecond>(vb, get, kr, u + G);
-    mma_group<T, NT, G>(acc, va, kr, u, frag);
-    load_group<T, G, kSecond>(va, get, kr, u + 2 * G);
-    mma_group<T, NT, G>(acc, vb, kr, u + G, frag);
+  uint4 v[NB][G][2];
+#pragma unroll
+  for (int b = 0; b + 1 < NB; ++b) load_group<T, G, kSecond>(v[b], get, kr, b * G);
+  for (int u = 0; u < kr.chunks; u += NB * G) {
+#pragma unroll
+    for (int b = 0; b < NB; ++b) {
+      load_group<T, G, kSecond>(v[(b + NB - 1) % NB], get, kr, u + (b + NB - 1) * G);
+      mma_group<T, NT, G>(acc, v[b], kr, u + b * G, frag);
+    }
   }
 }
 
@@ -1813,8 +1819,10 @@ __global__ void __launch_bounds__(kTcThreads, 1)
     float acc[NT][4] = {};
     // Rows with no step after this one (all, at the last): no recurrent gradient.
     if (active && (kPacked ? tile_row < n_next : !last)) {
-      tile_product<T, NT, !kHalfRows>(acc, GlobalRows<T>{dG_next + ra_at, dG_next + rb_at}, kr,
-                                      frag);
+      // float32 (TF32): a ring of one-chunk groups (see tile_product).
+      constexpr int G = sizeof(T) == 4 ? 1 : kGroup, NB = 8 / G;
+      tile_product<T, NT, !kHalfRows, G, NB>(acc, GlobalRows<T>{dG_next + ra_at, dG_next + rb_at},
+                                             kr, frag);
     }
     if (sp.KS > 1) reduce_k_split<NACC>(&acc[0][0], red, sp, warp, active);
     // The cell and the step's dG, the one output the other blocks wait for:
