@@ -1193,7 +1193,8 @@ int resident_blocks(Kernel kernel, size_t smem, int smem_optin, int threads = tc
 // at most kTcMaxRows rows a block whose blocks (each with its weight slice in
 // shared memory) are all resident at once. Among the block shapes that fit,
 // the one with the most blocks (parallelism), then the widest (each block
-// re-reads the state rows once a step: fewer column blocks, less traffic).
+// re-reads the state rows once a step: fewer column blocks, less traffic);
+// float32 (TF32) 16 columns a block before 32 (see tie_rank).
 // LLTM_OP_SEQUENCE_TENSOR_CORES=0 turns the path off; forcing the cuBLAS
 // path or the per-step launches (LLTM_OP_SEQUENCE_FUSED=0,
 // LLTM_OP_SEQUENCE_PERSISTENT=0) does too. `shape` (tc_plan's
@@ -1208,6 +1209,19 @@ int resident_blocks(Kernel kernel, size_t smem, int smem_optin, int threads = tc
 // S1024, B256 S512; bfloat16 B256 S1024) the tensor-core kernels win
 // (3.5 vs 5.1, 3.6 vs 7.5, 3.8 vs 5.0 ms).
 constexpr int64_t kTcMaxStateReread = int64_t(32) << 20;
+
+// Which of two block shapes with as many blocks the rule takes: the higher
+// rank. 16-bit types: the widest (q). float32 on TF32: q = 2 first, then
+// 4, then 1. Measured (H200, T256, float32 TF32, q x 8 columns and bm
+// rows a block, kernel time, us): B256 S256 backward 1422 at q2 bm32
+// against 1860 at q4 bm16 and 1547 at q1 bm64 (its forward block-local);
+// B256 S384 forward 1483 / backward 2278 at q2 bm64 against 1760 / 2419
+// at q4 bm32 and 1854 / 2947 at q1 bm128.
+template <typename T>
+constexpr int tie_rank(int q) {
+  if constexpr (sizeof(T) == 4) return q == 2 ? 3 : q == 4 ? 2 : 1;
+  return q;
+}
 
 // The block-local kernels (sm_80+; clusters of them on sm_90+) where the
 // whole recurrent matrix fits in the shared memory of one block, or of a
@@ -1724,7 +1738,7 @@ TcPlan compute_tc_plan(const Dims& d, int device, bool local, int64_t shape, boo
       });
       const int64_t blocks = gx * gy;
       if (gy > 65535 || blocks > static_cast<int64_t>(per_sm) * sms) continue;
-      if (blocks > best_blocks || (blocks == best_blocks && q > best.q)) {
+      if (blocks > best_blocks || (blocks == best_blocks && tie_rank<T>(q) > tie_rank<T>(best.q))) {
         best_blocks = blocks;
         best.global = true;
         best.q = q;
