@@ -888,16 +888,24 @@ struct LocalLaunch {
 };
 
 // The tensor-core path (ok): each direction runs the block-local kernel
-// where its launch is ok, the global-barrier kernel otherwise, whose launch
-// is NJ = 8q columns and bm rows a block, grid (ceil(S / NJ), ceil(B / bm)),
-// smem_forward / smem_backward bytes of shared memory.
+// where its launch is ok, the global-barrier kernel otherwise, whose
+// backward launch is NJ = 8q columns and bm rows a block, grid (ceil(S /
+// NJ), ceil(B / bm)), smem_backward bytes of shared memory, and whose
+// forward launch is forward_shape's, smem_forward bytes.
 struct TcPlan {
   bool ok = false;
   LocalLaunch local_forward, local_backward;
-  bool global = false;  // the global-barrier launch below fits
+  bool global = false;  // the global-barrier launches below fit
   int q = 0;
   int64_t bm = 0;
   dim3 grid;
+  // The forward's block shape: the backward's, but where a 16-bit forward
+  // runs on wgmma in another shape of as many blocks (see compute_tc_plan).
+  struct Shape {
+    int q = 0;
+    int64_t bm = 0;
+    dim3 grid;
+  } forward_shape;
   size_t smem_forward = 0, smem_backward = 0;
   // The forward spreads its cells over the block's threads (kSpread, with
   // the shared memory that takes) where a row tile has 4 or 8 warps (bm 16
@@ -1194,7 +1202,9 @@ int resident_blocks(Kernel kernel, size_t smem, int smem_optin, int threads = tc
 // shared memory) are all resident at once. Among the block shapes that fit,
 // the one with the most blocks (parallelism), then the widest (each block
 // re-reads the state rows once a step: fewer column blocks, less traffic);
-// float32 (TF32) 16 columns a block before 32 (see tie_rank).
+// float32 (TF32) 16 columns a block before 32 (see tie_rank). A 16-bit
+// forward takes, among shapes of as many blocks, one whose product runs on
+// wgmma first (its own shape: see compute_tc_plan).
 // LLTM_OP_SEQUENCE_TENSOR_CORES=0 turns the path off; forcing the cuBLAS
 // path or the per-step launches (LLTM_OP_SEQUENCE_FUSED=0,
 // LLTM_OP_SEQUENCE_PERSISTENT=0) does too. `shape` (tc_plan's
@@ -1714,7 +1724,29 @@ TcPlan compute_tc_plan(const Dims& d, int device, bool local, int64_t shape, boo
     best.local_forward = compute_local_launch<T>(d, device, sms, optin, true);
     best.local_backward = compute_local_launch<T>(d, device, sms, optin, false);
   }
-  int64_t best_blocks = 0;
+  // The 16-bit forward's product on wgmma (sm_90a; see best.wgmma below)
+  // where a block has 4 or 8 row tiles.
+  const bool wgmma_device =
+      wgmma && sizeof(T) == 2 && opscommon::compute_capability_major(device) == 9 &&
+      opscommon::device_attribute<cudaDevAttrComputeCapabilityMinor>(device) == 0;
+  auto wgmma_shape = [&](int64_t bm) {
+    const int tiles = tc::Split(bm).I;
+    return wgmma_device && (tiles == 4 || tiles == 8) && tc::wgmma_whole_groups<T>(d.S, bm);
+  };
+  // The backward: most blocks, then tie_rank. The forward: most blocks,
+  // then a shape whose product runs on wgmma and has no row tile past the
+  // batch, then tie_rank. The two directions want different shapes at
+  // some sizes. Measured (H200, T256, kernel time, us, forward / backward,
+  // the 16-bit shapes of as many blocks, the rule's against one on
+  // wgmma): bfloat16 B256 S512 1547 / 1642 against 1072 / 1568, B128 S768
+  // 1735 / 1904 against 1521 / 3297, B256 S768 2038 / 2683 against 1824 /
+  // 3370; B8 S1024 (one row block either way) 686 / 923 against 1341 / 1798
+  // in 64-row blocks.
+  std::tuple<int64_t, int> best_rank{0, 0};
+  std::tuple<int64_t, bool, int> forward_rank{0, false, 0};
+  // Only where the loaded code has wgmma: a build without sm_90a code runs
+  // mma.sync in these shapes, not measured.
+  const bool forward_wgmma = wgmma_device && wgmma_loaded();
   for (int q : {1, 2, 4}) {
     const int64_t gx = (d.S + 8 * q - 1) / (8 * q);
     if (gx * d.B * d.S * static_cast<int64_t>(sizeof(T)) > kTcMaxStateReread) continue;
@@ -1738,34 +1770,39 @@ TcPlan compute_tc_plan(const Dims& d, int device, bool local, int64_t shape, boo
       });
       const int64_t blocks = gx * gy;
       if (gy > 65535 || blocks > static_cast<int64_t>(per_sm) * sms) continue;
-      if (blocks > best_blocks || (blocks == best_blocks && tie_rank<T>(q) > tie_rank<T>(best.q))) {
-        best_blocks = blocks;
+      const dim3 grid(static_cast<unsigned int>(gx), static_cast<unsigned int>(gy));
+      const std::tuple<int64_t, int> rank{blocks, tie_rank<T>(q)};
+      if (rank > best_rank) {
+        best_rank = rank;
         best.global = true;
         best.q = q;
         best.bm = bm;
-        best.grid = dim3(static_cast<unsigned int>(gx), static_cast<unsigned int>(gy));
-        best.smem_forward = sf;
+        best.grid = grid;
         best.smem_backward = sb;
+      }
+      const bool on_wgmma = forward_wgmma && wgmma_shape(bm) && gy * bm - d.B < 16;
+      const std::tuple<int64_t, bool, int> f_rank{blocks, on_wgmma, tie_rank<T>(q)};
+      if (f_rank > forward_rank) {
+        forward_rank = f_rank;
+        best.forward_shape = {q, bm, grid};
+        best.smem_forward = sf;
       }
     }
   }
   if (best.global) {
     best.cluster = compute_cluster_plan<T>(d.B, d.S, best.q, best.bm, device, optin);
-    const size_t ss = tc::forward_smem_spread<T>(d.S, best.q);
-    if (spread && tc::Split(best.bm).KS >= 4 && ss <= static_cast<size_t>(optin)) {
+    const TcPlan::Shape& fs = best.forward_shape;
+    const size_t ss = tc::forward_smem_spread<T>(d.S, fs.q);
+    if (spread && tc::Split(fs.bm).KS >= 4 && ss <= static_cast<size_t>(optin)) {
       int per_sm = 0;
-      with_q(best.q, [&](auto qc) {
+      with_q(fs.q, [&](auto qc) {
         per_sm = forward_tc_residency<T, decltype(qc)::value, true>(ss, optin);
       });
       best.spread =
-          static_cast<int64_t>(best.grid.x) * best.grid.y <= static_cast<int64_t>(per_sm) * sms;
+          static_cast<int64_t>(fs.grid.x) * fs.grid.y <= static_cast<int64_t>(per_sm) * sms;
       best.smem_forward_spread = ss;
     }
-    const int tiles = tc::Split(best.bm).I;
-    best.wgmma = wgmma && sizeof(T) == 2 && !best.spread && (tiles == 4 || tiles == 8) &&
-                 tc::wgmma_whole_groups<T>(d.S, best.bm) &&
-                 opscommon::compute_capability_major(device) == 9 &&
-                 opscommon::device_attribute<cudaDevAttrComputeCapabilityMinor>(device) == 0;
+    best.wgmma = !best.spread && wgmma_shape(fs.bm);
     if (ksplit && shape == 0) best.ksplit = compute_ksplit_plan<T>(d.B, d.S, device, optin);
   }
   best.ok = best.global || (best.local_forward.ok && best.local_backward.ok);
@@ -2271,17 +2308,18 @@ struct CudaDev {
       });
       return true;
     }
-    Tensor arrivals = arrival_counters(like, p.grid.y);
+    const TcPlan::Shape& fs = p.forward_shape;
+    Tensor arrivals = arrival_counters(like, fs.grid.y);
     opscommon::dispatch_floating(like.scalar_type(), kSeqForward, [&](auto tag) {
       using T = decltype(tag);
       if constexpr (!std::is_same_v<T, double>) {
-        with_q(p.q, [&](auto qc) {
+        with_q(fs.q, [&](auto qc) {
           constexpr int Q = decltype(qc)::value;
           const bool packed = a.batch_sizes != nullptr, half = half_rows<T>(a.B, packed);
           const auto kernel = p.spread ? forward_tc_variant<T, Q, true>(packed, half)
                                        : forward_tc_variant<T, Q, false>(packed, half, p.wgmma);
           const size_t smem = p.spread ? p.smem_forward_spread : p.smem_forward;
-          s.launch(kernel, p.grid, tc::kTcThreads, smem, a.T, a.B, a.S, p.bm,
+          s.launch(kernel, fs.grid, tc::kTcThreads, smem, a.T, a.B, a.S, fs.bm,
                    static_cast<T*>(f.gates), static_cast<const T*>(f.bias),
                    static_cast<const T*>(h0), static_cast<const T*>(a.w_h), a.w_ld,
                    static_cast<const T*>(f.c_prev), static_cast<T*>(f.h), static_cast<T*>(f.c),
