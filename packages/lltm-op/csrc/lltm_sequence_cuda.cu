@@ -1200,11 +1200,11 @@ int resident_blocks(Kernel kernel, size_t smem, int smem_optin, int threads = tc
 // TF32: torch's float32 matmul precision), S a multiple of 8, and a grid of
 // at most kTcMaxRows rows a block whose blocks (each with its weight slice in
 // shared memory) are all resident at once. Among the block shapes that fit,
-// the one with the most blocks (parallelism), then the widest (each block
-// re-reads the state rows once a step: fewer column blocks, less traffic);
-// float32 (TF32) 16 columns a block before 32 (see tie_rank). A 16-bit
-// forward takes, among shapes of as many blocks, one whose product runs on
-// wgmma first (its own shape: see compute_tc_plan).
+// the one with the most blocks (parallelism), then the order of tie_rank
+// (at most 64 rows a block, then at most 32 Ki elements of state rows a
+// block, then 16 columns a block before 32, then 8). A
+// 16-bit forward takes, among shapes of as many blocks, one whose product
+// runs on wgmma first (its own shape: see compute_tc_plan).
 // LLTM_OP_SEQUENCE_TENSOR_CORES=0 turns the path off; forcing the cuBLAS
 // path or the per-step launches (LLTM_OP_SEQUENCE_FUSED=0,
 // LLTM_OP_SEQUENCE_PERSISTENT=0) does too. `shape` (tc_plan's
@@ -1221,16 +1221,22 @@ int resident_blocks(Kernel kernel, size_t smem, int smem_optin, int threads = tc
 constexpr int64_t kTcMaxStateReread = int64_t(32) << 20;
 
 // Which of two block shapes with as many blocks the rule takes: the higher
-// rank. 16-bit types: the widest (q). float32 on TF32: q = 2 first, then
-// 4, then 1. Measured (H200, T256, float32 TF32, q x 8 columns and bm
-// rows a block, kernel time, us): B256 S256 backward 1422 at q2 bm32
-// against 1860 at q4 bm16 and 1547 at q1 bm64 (its forward block-local);
-// B256 S384 forward 1483 / backward 2278 at q2 bm64 against 1760 / 2419
-// at q4 bm32 and 1854 / 2947 at q1 bm128.
-template <typename T>
-constexpr int tie_rank(int q) {
-  if constexpr (sizeof(T) == 4) return q == 2 ? 3 : q == 4 ? 2 : 1;
-  return q;
+// rank. First those of at most 64 rows a block (4 row tiles), then those
+// whose rows hold at most 32 Ki elements of state (bm x S: what a block
+// re-reads each step, three times that backward), then q = 2, then 4,
+// then 1, in every dtype. Measured (H200, T256, kernel time of a
+// forward+backward call, us, q x 8 columns and bm rows a block): bfloat16
+// B256 S384 2396 at q2 bm64 against 2998 at q4 bm32 and 3061 at q1 bm128;
+// B128 S384 1643 at q2 bm32 against 1887 at q4 bm16; B64 S768 2447 at q2
+// bm32 against 2744 at q4 bm16; but B256 S1024 5201 at q4 bm64 against
+// 6338 at q2 bm128, B192 S768 4292 at q4 bm48 against 4816 at q2 bm96, and
+// B128 S768's backward 1905 at q4 bm32 against 1990 at q2 bm64 (bm x S 48
+// Ki). float32 on TF32: B256 S256 backward 1422 at q2 bm32 against 1860 at
+// q4 bm16 and 1547 at q1 bm64; B256 S384 forward 1483 / backward 2278 at
+// q2 bm64 against 1760 / 2419 at q4 bm32 and 1854 / 2947 at q1 bm128.
+constexpr int tie_rank(int q, int64_t bm, int64_t S) {
+  const int by_q = q == 2 ? 3 : q == 4 ? 2 : 1;
+  return (bm <= 64 ? 8 : 0) + (bm * S <= (int64_t(32) << 10) ? 4 : 0) + by_q;
 }
 
 // The block-local kernels (sm_80+; clusters of them on sm_90+) where the
@@ -1771,7 +1777,7 @@ TcPlan compute_tc_plan(const Dims& d, int device, bool local, int64_t shape, boo
       const int64_t blocks = gx * gy;
       if (gy > 65535 || blocks > static_cast<int64_t>(per_sm) * sms) continue;
       const dim3 grid(static_cast<unsigned int>(gx), static_cast<unsigned int>(gy));
-      const std::tuple<int64_t, int> rank{blocks, tie_rank<T>(q)};
+      const std::tuple<int64_t, int> rank{blocks, tie_rank(q, bm, d.S)};
       if (rank > best_rank) {
         best_rank = rank;
         best.global = true;
@@ -1781,7 +1787,7 @@ TcPlan compute_tc_plan(const Dims& d, int device, bool local, int64_t shape, boo
         best.smem_backward = sb;
       }
       const bool on_wgmma = forward_wgmma && wgmma_shape(bm) && gy * bm - d.B < 16;
-      const std::tuple<int64_t, bool, int> f_rank{blocks, on_wgmma, tie_rank<T>(q)};
+      const std::tuple<int64_t, bool, int> f_rank{blocks, on_wgmma, tie_rank(q, bm, d.S)};
       if (f_rank > forward_rank) {
         forward_rank = f_rank;
         best.forward_shape = {q, bm, grid};
