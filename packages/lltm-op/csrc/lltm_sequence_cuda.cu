@@ -1201,10 +1201,10 @@ int resident_blocks(Kernel kernel, size_t smem, int smem_optin, int threads = tc
 // at most kTcMaxRows rows a block whose blocks (each with its weight slice in
 // shared memory) are all resident at once. Among the block shapes that fit,
 // the one with the most blocks (parallelism), then the order of tie_rank
-// (at most 64 rows a block, then at most 32 Ki elements of state rows a
-// block, then 16 columns a block before 32, then 8). A
-// 16-bit forward takes, among shapes of as many blocks, one whose product
-// runs on wgmma first (its own shape: see compute_tc_plan).
+// (at most 64 rows a block, then at most kTieMaxStateRows elements of state
+// rows a block, then 16 columns a block before 32, then 8). A 16-bit
+// forward takes, among shapes of as many blocks, one whose product runs on
+// wgmma first (its own shape: see compute_tc_plan).
 // LLTM_OP_SEQUENCE_TENSOR_CORES=0 turns the path off; forcing the cuBLAS
 // path or the per-step launches (LLTM_OP_SEQUENCE_FUSED=0,
 // LLTM_OP_SEQUENCE_PERSISTENT=0) does too. `shape` (tc_plan's
@@ -1222,8 +1222,8 @@ constexpr int64_t kTcMaxStateReread = int64_t(32) << 20;
 
 // Which of two block shapes with as many blocks the rule takes: the higher
 // rank. First those of at most 64 rows a block (4 row tiles), then those
-// whose rows hold at most 32 Ki elements of state (bm x S: what a block
-// re-reads each step, three times that backward), then q = 2, then 4,
+// whose rows hold at most kTieMaxStateRows elements of state (bm x S: what a
+// block re-reads each step, three times that backward), then q = 2, then 4,
 // then 1, in every dtype. Measured (H200, T256, kernel time of a
 // forward+backward call, us, q x 8 columns and bm rows a block): bfloat16
 // B256 S384 2396 at q2 bm64 against 2998 at q4 bm32 and 3061 at q1 bm128;
@@ -1234,9 +1234,10 @@ constexpr int64_t kTcMaxStateReread = int64_t(32) << 20;
 // Ki). float32 on TF32: B256 S256 backward 1422 at q2 bm32 against 1860 at
 // q4 bm16 and 1547 at q1 bm64; B256 S384 forward 1483 / backward 2278 at
 // q2 bm64 against 1760 / 2419 at q4 bm32 and 1854 / 2947 at q1 bm128.
+constexpr int64_t kTieMaxStateRows = int64_t(32) << 10;
 constexpr int tie_rank(int q, int64_t bm, int64_t S) {
   const int by_q = q == 2 ? 3 : q == 4 ? 2 : 1;
-  return (bm <= 64 ? 8 : 0) + (bm * S <= (int64_t(32) << 10) ? 4 : 0) + by_q;
+  return (bm <= 64 ? 8 : 0) + (bm * S <= kTieMaxStateRows ? 4 : 0) + by_q;
 }
 
 // The block-local kernels (sm_80+; clusters of them on sm_90+) where the
@@ -1777,7 +1778,8 @@ TcPlan compute_tc_plan(const Dims& d, int device, bool local, int64_t shape, boo
       const int64_t blocks = gx * gy;
       if (gy > 65535 || blocks > static_cast<int64_t>(per_sm) * sms) continue;
       const dim3 grid(static_cast<unsigned int>(gx), static_cast<unsigned int>(gy));
-      const std::tuple<int64_t, int> rank{blocks, tie_rank(q, bm, d.S)};
+      const int tie = tie_rank(q, bm, d.S);
+      const std::tuple<int64_t, int> rank{blocks, tie};
       if (rank > best_rank) {
         best_rank = rank;
         best.global = true;
@@ -1787,7 +1789,7 @@ TcPlan compute_tc_plan(const Dims& d, int device, bool local, int64_t shape, boo
         best.smem_backward = sb;
       }
       const bool on_wgmma = forward_wgmma && wgmma_shape(bm) && gy * bm - d.B < 16;
-      const std::tuple<int64_t, bool, int> f_rank{blocks, on_wgmma, tie_rank(q, bm, d.S)};
+      const std::tuple<int64_t, bool, int> f_rank{blocks, on_wgmma, tie};
       if (f_rank > forward_rank) {
         forward_rank = f_rank;
         best.forward_shape = {q, bm, grid};
