@@ -311,6 +311,10 @@ struct ForwardStep {
   // rec holds rec_splits partial products (split_product), rec_stride
   // elements apart, that the cell adds up; 1: rec is the product.
   int64_t rec_splits = 1, rec_stride = 0;
+  // false: an inference step, whose pre-activations nothing reads after its
+  // cell; the cuBLAS path's cell kernels then leave them out of `gates`
+  // (the fused and CPU steps write them either way).
+  bool keep_gates = true;
 };
 
 // One forward step's recurrent product on the cuBLAS path, added into the
@@ -704,6 +708,7 @@ ForwardResult sequence_forward(const Tensor& input_arg, const Tensor& weights_ar
       s.c_n = t == T - 1 && !rows.packed() ? r.c_n.mutable_data_ptr() : nullptr;
       s.rec = nullptr;
       s.w_hT = nullptr;
+      s.keep_gates = !inference;
       auto h_prev_view = [&] {  // [n, S], for the products through torch
         return t ? view_of(r.outputs, {n, S}, {S, 1}, (t - 1) * B * S)
                  : view_of(old_h, {n, S}, {S, 1});

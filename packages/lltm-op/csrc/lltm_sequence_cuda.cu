@@ -187,7 +187,10 @@ __device__ __forceinline__ T* stage_memory() {
 // lets the next kernel (the next step's product) launch, which waits the
 // same way before it reads: what it overlaps is its launch, not its work.
 
-template <typename T>
+// kKeepGates false (an inference step, ForwardStep::keep_gates): the
+// pre-activations are not stored back (3 of a step's 8 B x S elements of
+// cell traffic forward).
+template <typename T, bool kKeepGates>
 __global__ void __launch_bounds__(kThreads)
     forward_cell_kernel(int64_t B, int64_t S, T* __restrict__ gates, const T* __restrict__ rec,
                         int64_t rec_splits, int64_t rec_stride, const T* __restrict__ bias,
@@ -214,7 +217,7 @@ __global__ void __launch_bounds__(kThreads)
         }
       }
       const T v = to_storage<T>(to_acc(g[col]) + product + to_acc(bias[col]));
-      g[col] = v;
+      if constexpr (kKeepGates) g[col] = v;
       pre[k] = to_acc(v);
     }
     A nh, nc;
@@ -240,6 +243,7 @@ __global__ void __launch_bounds__(kThreads)
 constexpr int kCellVecThreads = 128;
 // Parts (up to 8 by the rule) whose loads a thread issues together.
 constexpr int kLoadedParts = 8;
+template <bool kKeepGates>
 __global__ void __launch_bounds__(kCellVecThreads)
     forward_cell_vec_kernel(int64_t B, int64_t S, float* __restrict__ gates,
                             const float* __restrict__ parts, int64_t splits, int64_t stride,
@@ -300,8 +304,10 @@ __global__ void __launch_bounds__(kCellVecThreads)
       cell_forward_math<float, MathFor<float>>(pre[0], pre[1], pre[2], cv.val[e], hv.val[e],
                                                cv_out.val[e]);
     }
+    if constexpr (kKeepGates) {
 #pragma unroll
-    for (int k = 0; k < 3; ++k) store(g + k * S + j, gv[k]);
+      for (int k = 0; k < 3; ++k) store(g + k * S + j, gv[k]);
+    }
     const int64_t i = r * S + j;
     store(h + i, hv);
     store(c + i, cv_out);
@@ -2514,19 +2520,24 @@ struct CudaDev {
         const dim3 grid(
             grid_dim((s.S / 4 + kCellVecThreads - 1) / kCellVecThreads, "the state size"),
             static_cast<unsigned int>(std::min<int64_t>(s.B, 65535)));
-        launch_after_prior(forward_cell_vec_kernel, grid, dim3(kCellVecThreads), stream, device,
-                           s.B, s.S, static_cast<float*>(s.gates), static_cast<const float*>(s.rec),
-                           s.rec_splits, s.rec_stride, static_cast<const float*>(s.bias),
-                           static_cast<const float*>(s.c_prev), static_cast<float*>(s.h),
-                           static_cast<float*>(s.c), static_cast<float*>(s.h_n),
-                           static_cast<float*>(s.c_n));
+        with_bool(s.keep_gates, [&](auto keep) {
+          launch_after_prior(
+              forward_cell_vec_kernel<decltype(keep)::value>, grid, dim3(kCellVecThreads), stream,
+              device, s.B, s.S, static_cast<float*>(s.gates), static_cast<const float*>(s.rec),
+              s.rec_splits, s.rec_stride, static_cast<const float*>(s.bias),
+              static_cast<const float*>(s.c_prev), static_cast<float*>(s.h),
+              static_cast<float*>(s.c), static_cast<float*>(s.h_n), static_cast<float*>(s.c_n));
+        });
       } else {
         const auto cfg = opscommon::launch_config(s.B * s.S, device, kThreads, opscommon::kNoSmCap);
-        launch_after_prior(forward_cell_kernel<T>, dim3(cfg.blocks), dim3(cfg.threads), stream,
-                           device, s.B, s.S, static_cast<T*>(s.gates), static_cast<const T*>(s.rec),
-                           s.rec_splits, s.rec_stride, static_cast<const T*>(s.bias),
-                           static_cast<const T*>(s.c_prev), static_cast<T*>(s.h),
-                           static_cast<T*>(s.c), static_cast<T*>(s.h_n), static_cast<T*>(s.c_n));
+        with_bool(s.keep_gates, [&](auto keep) {
+          launch_after_prior(forward_cell_kernel<T, decltype(keep)::value>, dim3(cfg.blocks),
+                             dim3(cfg.threads), stream, device, s.B, s.S, static_cast<T*>(s.gates),
+                             static_cast<const T*>(s.rec), s.rec_splits, s.rec_stride,
+                             static_cast<const T*>(s.bias), static_cast<const T*>(s.c_prev),
+                             static_cast<T*>(s.h), static_cast<T*>(s.c), static_cast<T*>(s.h_n),
+                             static_cast<T*>(s.c_n));
+        });
       }
       OPSCOMMON_CUDA_CHECK_LAUNCH();
     });

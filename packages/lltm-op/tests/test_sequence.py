@@ -2180,6 +2180,42 @@ def test_cuda_cublas_path_vectorized_cells_match_the_scalar_cells(B, S, splits, 
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize(
+    ("dtype", "tf32", "splits", "S"),
+    [
+        (torch.float32, False, "4", 64),  # parts of k: the 16-byte cell kernel
+        (torch.float32, False, "1", 40),  # one product a step (aten::mm)
+        (torch.float32, True, "", 48),  # TF32: the product added into the gates (cuBLASLt)
+        (torch.bfloat16, False, "", 24),
+    ],
+    ids=str,
+)
+def test_cuda_cublas_path_inference_cells_leave_out_the_gates(dtype, tf32, splits, S):
+    """On the cuBLAS path an inference step's cell kernel does not store the
+    pre-activations back (nothing reads them after it; its variant with
+    kKeepGates false runs at every step, the training forward's with true),
+    and the inference op's outputs and final state (one chunk: the same
+    products) equal the training forward's bit for bit.
+    test_cuda_paths_run_inference_in_chunks covers chunks."""
+    need("cuda")
+    T, B, F = 7, 5, 9
+    args = make_args(T, B, F, S, dtype=dtype, device="cuda", generator=torch.Generator().manual_seed(S))
+    with env(LLTM_OP_SEQUENCE_FUSED="0", LLTM_OP_SEQUENCE_STEP_SPLITS=splits, LLTM_OP_SEQUENCE_INFERENCE_CHUNKS="1"):
+        with tf32_matmul(tf32):
+            want = seq_forward(*args, tf32)[:3]
+            got = torch.ops.lltm_op.sequence_inference(*args, tf32)
+            names = {
+                "training": _cuda_kernel_names(lambda: seq_forward(*args, tf32)),
+                "inference": _cuda_kernel_names(lambda: torch.ops.lltm_op.sequence_inference(*args, tf32)),
+            }
+    for name, g, w in zip(("outputs", "h_n", "c_n"), got, want):
+        assert torch.equal(g, w), name
+    for mode, keep in (("training", "true"), ("inference", "false")):
+        cells = [n for n in names[mode] if "forward_cell_" in n]
+        assert len(cells) == T and all(f"{keep}>" in n for n in cells), (mode, cells)
+
+
+@pytest.mark.cuda
 def test_cuda_tensor_core_kernels_read_a_misaligned_initial_state():
     """old_h that starts at an odd element (a contiguous view of a larger
     buffer): the kernel reads h in 16-byte loads, so it gets an aligned copy."""
