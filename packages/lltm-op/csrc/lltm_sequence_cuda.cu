@@ -188,8 +188,8 @@ __device__ __forceinline__ T* stage_memory() {
 // same way before it reads: what it overlaps is its launch, not its work.
 
 // kKeepGates false (an inference step, ForwardStep::keep_gates): the
-// pre-activations are not stored back (3 of a step's 8 B x S elements of
-// cell traffic forward).
+// pre-activations are not stored back (3 B x S elements a step fewer
+// written; nothing reads them after the cell).
 template <typename T, bool kKeepGates>
 __global__ void __launch_bounds__(kThreads)
     forward_cell_kernel(int64_t B, int64_t S, T* __restrict__ gates, const T* __restrict__ rec,
