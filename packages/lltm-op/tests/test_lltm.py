@@ -1029,9 +1029,9 @@ def test_cpu_only_build_rejects_cuda_clearly():
 
 
 def test_version():
-    # A CUDA build carries its toolkit as a local label: 0.6.42+cu130.
+    # A CUDA build carries its toolkit as a local label: 0.6.43+cu130.
     label = "" if BUILD_INFO["variant"] == "cpu" else f"+{BUILD_INFO['variant']}"
-    assert lltm_op.__version__ == "0.6.42" + label
+    assert lltm_op.__version__ == "0.6.43" + label
 
 
 def test_meta_tensors_get_the_ops_own_errors():

@@ -2074,19 +2074,29 @@ def test_cuda_full_float32_step_products_in_parts_of_k_match_float64(
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize(("T", "tf32", "forward_split"), [(180, False, True), (64, False, False), (64, True, False)])
-def test_cuda_float32_step_products_split_by_the_rule(T, tf32, forward_split):
-    """The rule's parts of k at B64 S1024 in float32 on the cuBLAS path: in
-    full float32 8 parts forward where their partials fit the call's
-    workspace bound (T x B x S x 4 / 8 bytes: T180, not T64), none on TF32
-    (the forward's product goes to cuBLASLt whole), and 8 backward either
-    way, each step's parts one batched cublasLtMatmul: against one product
-    a step (LLTM_OP_SEQUENCE_STEP_SPLITS=1) the split steps leave aten::mm.
+@pytest.mark.parametrize(
+    ("T", "B", "S", "tf32", "forward_split"),
+    [
+        (180, 64, 1024, False, True),
+        (64, 64, 1024, False, False),
+        (64, 64, 1024, True, False),
+        (64, 256, 512, False, True),
+        (32, 256, 512, False, False),
+    ],
+)
+def test_cuda_float32_step_products_split_by_the_rule(T, B, S, tf32, forward_split):
+    """The rule's parts of k in float32 on the cuBLAS path: in full float32
+    forward, where their partials past one product fit the call's bound on
+    them (T x B x S x 4 / 4 bytes), 8 parts at B64 S1024 (T180, not T64)
+    and 4 at B256 S512 (T64, not T32); none on TF32 (the forward's product
+    goes to cuBLASLt whole); 8 backward at these sizes either way. Each
+    step's parts are one batched cublasLtMatmul: against one product a step
+    (LLTM_OP_SEQUENCE_STEP_SPLITS=1) the split steps leave aten::mm.
     Outputs and gradients are within twice the error of one product a step
     against float64 (on the GPU: this many steps of S1024 would take
     minutes on the CPU), or the precision's limit."""
     need("cuda")
-    B, F, S = 64, 32, 1024
+    F = 32
     inputs = make_args(T, B, F, S, dtype=torch.float32, device="cuda", generator=torch.Generator().manual_seed(17))
     ref = _float64_results(inputs, "cuda")
     errors, calls = {}, {}
