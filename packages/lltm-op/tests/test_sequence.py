@@ -2378,13 +2378,16 @@ def peak_bytes(fn, *args) -> int:
 
 @pytest.mark.cuda
 @TENSOR_CORE_PRECISIONS
-@pytest.mark.parametrize("size", [(64, 16, 32, 128), (32, 64, 128, 256), (2, 256, 1024, 1024)], ids=str)
+@pytest.mark.parametrize(
+    "size", [(64, 16, 32, 128), (32, 64, 128, 256), (2, 256, 1024, 1024), (64, 256, 512, 512)], ids=str
+)
 def test_cuda_peak_memory_at_most_the_loop_of_cells(size, dtype, tf32):
     """One forward+backward (gradients to all five arguments) allocates at
     peak no more than the loop of lltm_op cells, in every precision: the
     products that call cuBLASLt themselves (a small call's chunk products,
     the cuBLAS path's step products, on tensor cores) keep their workspace
-    within the call's bound. (2, 256, 1024, 1024) runs the cuBLAS path."""
+    within the call's bound. (2, 256, 1024, 1024) runs the cuBLAS path, and
+    (64, 256, 512, 512) in float32 without TF32 its step products in parts."""
     need("cuda")
     if dtype == torch.bfloat16 and torch.cuda.get_device_capability()[0] < 8:
         pytest.skip("bfloat16 products on tensor cores need sm_80 or newer")
@@ -2487,6 +2490,73 @@ def test_cuda_paths_run_inference_in_chunks(path, dtype, chunks, T, B, F, S, len
     tol = TF32_LIMIT if path == "tf32" else LIMITS[dtype]
     for name, g, w in zip(("outputs", "h_n", "c_n"), got, want):
         torch.testing.assert_close(g, w, rtol=tol, atol=tol, msg=name)
+
+
+def grad_outputs_in(layout: str, T: int, B: int, S: int, like: torch.Tensor, gen) -> torch.Tensor:
+    """A [T, B, S] output gradient that is not dense: a sum's (one value
+    expanded), a mean over steps' ([B, S] expanded over T) or a batch_first
+    module's (a [B, T, S] gradient transposed)."""
+    shape, lay_out = {
+        "sum": ((), lambda g: g.expand(T, B, S)),
+        "expanded": ((B, S), lambda g: g.expand(T, B, S)),
+        "transposed": ((B, T, S), lambda g: g.transpose(0, 1)),
+    }[layout]
+    return lay_out(torch.randn(shape, generator=gen).to(like))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("layout", ["sum", "expanded", "transposed"])
+@pytest.mark.parametrize("chunks", ["1", "2", "3"])
+@pytest.mark.parametrize("T,B,F,S,lengths", [(7, 5, 4, 16, None), (7, 4, 3, 8, [7, 5, 3, 1])], ids=str)
+def test_backward_takes_grad_outputs_of_any_layout(device, dtype, layout, chunks, T, B, F, S, lengths):
+    """sequence_backward with an output gradient that is not dense (which
+    it makes dense a chunk of steps at a time where the steps run in
+    chunks) gives the gradients of the same values made dense first, bit for
+    bit, whole and packed, in one chunk and in chunks of 4 and 3 steps
+    (LLTM_OP_SEQUENCE_CHUNKS)."""
+    need(device)
+    gen = torch.Generator().manual_seed(T * B + S)
+    args = make_args(T, B, F, S, dtype=dtype, device=device, generator=gen)
+    bs = None if lengths is None else batch_sizes_of(lengths, T)
+    outputs, _, _, gates, cells = seq_forward(*args, False, bs)
+    go = grad_outputs_in(layout, T, B, S, outputs, gen)
+    assert not go.is_contiguous()
+    ghn, gcn = (torch.randn(B, S, generator=gen).to(outputs) for _ in range(2))
+    saved = (args[0], args[1], args[3], args[4], outputs, gates, cells, True, False, bs)
+    with env(LLTM_OP_SEQUENCE_CHUNKS=chunks):
+        got = seq_backward(go, ghn, gcn, *saved)
+        want = seq_backward(go.contiguous(), ghn, gcn, *saved)
+    for name, g, w in zip(("d_input", "d_weights", "d_bias", "d_old_h", "d_old_cell"), got, want):
+        torch.testing.assert_close(g, w, rtol=0, atol=0, msg=name)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("path", list(PACKED_PATHS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("layout", ["sum", "transposed"])
+@pytest.mark.parametrize("T,B,F,S,lengths", [(11, 6, 8, 64, None), (11, 6, 8, 64, [11, 10, 7, 4, 4, 1])], ids=str)
+def test_cuda_paths_take_grad_outputs_of_any_layout(path, dtype, layout, T, B, F, S, lengths):
+    """Every CUDA step path, forced, in chunks of 4 steps: an output
+    gradient that is not dense, made dense a chunk at a time, gives the
+    gradients of the same values made dense first, bit for bit, whole and
+    packed."""
+    need("cuda")
+    if path == "tf32" and dtype != torch.float32:
+        pytest.skip("TF32 is float32's")
+    gen = torch.Generator().manual_seed(T * B + S)
+    args = make_args(T, B, F, S, dtype=dtype, device="cuda", generator=gen)
+    bs = None if lengths is None else batch_sizes_of(lengths, T)
+    tf32 = path == "tf32"
+    with env(**PACKED_PATHS[path], LLTM_OP_SEQUENCE_CHUNKS="3"), tf32_matmul(tf32):
+        outputs, _, _, gates, cells = seq_forward(*args, tf32, bs)
+        go = grad_outputs_in(layout, T, B, S, outputs, gen)
+        ghn, gcn = (torch.randn(B, S, generator=gen).to(outputs) for _ in range(2))
+        saved = (args[0], args[1], args[3], args[4], outputs, gates, cells, True, tf32, bs)
+        got = seq_backward(go, ghn, gcn, *saved)
+        want = seq_backward(go.contiguous(), ghn, gcn, *saved)
+    for name, g, w in zip(("d_input", "d_weights", "d_bias", "d_old_h", "d_old_cell"), got, want):
+        torch.testing.assert_close(g, w, rtol=0, atol=0, msg=name)
 
 
 @pytest.mark.parametrize("device", DEVICES)
