@@ -2463,6 +2463,18 @@ def test_inference_matches_the_forward(device, dtype, chunks, T, B, F, S, length
         torch.testing.assert_close(g, w, rtol=tol, atol=tol, msg=name)
 
 
+def path_case(path: str, dtype: torch.dtype, T: int, B: int, F: int, S: int, lengths):
+    """A case for a forced CUDA path (PACKED_PATHS): its generator, the
+    arguments drawn from it and the batch sizes (None: whole); skipped where
+    TF32 meets a 16-bit dtype."""
+    need("cuda")
+    if path == "tf32" and dtype != torch.float32:
+        pytest.skip("TF32 is float32's")
+    gen = torch.Generator().manual_seed(T * B + S)
+    args = make_args(T, B, F, S, dtype=dtype, device="cuda", generator=gen)
+    return gen, args, None if lengths is None else batch_sizes_of(lengths, T)
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("path", list(PACKED_PATHS))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
@@ -2474,12 +2486,7 @@ def test_cuda_paths_run_inference_in_chunks(path, dtype, chunks, T, B, F, S, len
     chunk starts from the last one's (chunks of 4 or 6 steps, and of 2; an
     odd number of steps last), whole and packed. Outputs and final state against the
     training forward on the same path, which keeps every step's."""
-    need("cuda")
-    if path == "tf32" and dtype != torch.float32:
-        pytest.skip("TF32 is float32's")
-    gen = torch.Generator().manual_seed(T * B + S)
-    args = make_args(T, B, F, S, dtype=dtype, device="cuda", generator=gen)
-    bs = None if lengths is None else batch_sizes_of(lengths, T)
+    _, args, bs = path_case(path, dtype, T, B, F, S, lengths)
     if lengths is not None:
         for r, n in enumerate(lengths):
             args[0][n:, r] = 0
@@ -2504,6 +2511,23 @@ def grad_outputs_in(layout: str, T: int, B: int, S: int, like: torch.Tensor, gen
     return lay_out(torch.randn(shape, generator=gen).to(like))
 
 
+def check_backward_of_any_layout(args, layout: str, bs, tf32: bool, gen) -> None:
+    """sequence_backward of one forward, with an output gradient in
+    `layout` (grad_outputs_in) and with the same values made dense first:
+    the same five gradients, bit for bit."""
+    T, B, _ = args[0].shape
+    S = args[3].shape[1]
+    outputs, _, _, gates, cells = seq_forward(*args, tf32, bs)
+    go = grad_outputs_in(layout, T, B, S, outputs, gen)
+    assert not go.is_contiguous()
+    ghn, gcn = (torch.randn(B, S, generator=gen).to(outputs) for _ in range(2))
+    saved = (args[0], args[1], args[3], args[4], outputs, gates, cells, True, tf32, bs)
+    got = seq_backward(go, ghn, gcn, *saved)
+    want = seq_backward(go.contiguous(), ghn, gcn, *saved)
+    for name, g, w in zip(("d_input", "d_weights", "d_bias", "d_old_h", "d_old_cell"), got, want):
+        torch.testing.assert_close(g, w, rtol=0, atol=0, msg=name)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("layout", ["sum", "expanded", "transposed"])
@@ -2519,16 +2543,8 @@ def test_backward_takes_grad_outputs_of_any_layout(device, dtype, layout, chunks
     gen = torch.Generator().manual_seed(T * B + S)
     args = make_args(T, B, F, S, dtype=dtype, device=device, generator=gen)
     bs = None if lengths is None else batch_sizes_of(lengths, T)
-    outputs, _, _, gates, cells = seq_forward(*args, False, bs)
-    go = grad_outputs_in(layout, T, B, S, outputs, gen)
-    assert not go.is_contiguous()
-    ghn, gcn = (torch.randn(B, S, generator=gen).to(outputs) for _ in range(2))
-    saved = (args[0], args[1], args[3], args[4], outputs, gates, cells, True, False, bs)
     with env(LLTM_OP_SEQUENCE_CHUNKS=chunks):
-        got = seq_backward(go, ghn, gcn, *saved)
-        want = seq_backward(go.contiguous(), ghn, gcn, *saved)
-    for name, g, w in zip(("d_input", "d_weights", "d_bias", "d_old_h", "d_old_cell"), got, want):
-        torch.testing.assert_close(g, w, rtol=0, atol=0, msg=name)
+        check_backward_of_any_layout(args, layout, bs, False, gen)
 
 
 @pytest.mark.cuda
@@ -2541,22 +2557,10 @@ def test_cuda_paths_take_grad_outputs_of_any_layout(path, dtype, layout, T, B, F
     gradient that is not dense, made dense a chunk at a time, gives the
     gradients of the same values made dense first, bit for bit, whole and
     packed."""
-    need("cuda")
-    if path == "tf32" and dtype != torch.float32:
-        pytest.skip("TF32 is float32's")
-    gen = torch.Generator().manual_seed(T * B + S)
-    args = make_args(T, B, F, S, dtype=dtype, device="cuda", generator=gen)
-    bs = None if lengths is None else batch_sizes_of(lengths, T)
+    gen, args, bs = path_case(path, dtype, T, B, F, S, lengths)
     tf32 = path == "tf32"
     with env(**PACKED_PATHS[path], LLTM_OP_SEQUENCE_CHUNKS="3"), tf32_matmul(tf32):
-        outputs, _, _, gates, cells = seq_forward(*args, tf32, bs)
-        go = grad_outputs_in(layout, T, B, S, outputs, gen)
-        ghn, gcn = (torch.randn(B, S, generator=gen).to(outputs) for _ in range(2))
-        saved = (args[0], args[1], args[3], args[4], outputs, gates, cells, True, tf32, bs)
-        got = seq_backward(go, ghn, gcn, *saved)
-        want = seq_backward(go.contiguous(), ghn, gcn, *saved)
-    for name, g, w in zip(("d_input", "d_weights", "d_bias", "d_old_h", "d_old_cell"), got, want):
-        torch.testing.assert_close(g, w, rtol=0, atol=0, msg=name)
+        check_backward_of_any_layout(args, layout, bs, tf32, gen)
 
 
 @pytest.mark.parametrize("device", DEVICES)
