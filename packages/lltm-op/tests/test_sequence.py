@@ -2438,6 +2438,16 @@ def test_cuda_inference_peak_memory_at_most_the_loop_of_cells(size, dtype):
     assert ours <= loop, (ours, loop)
 
 
+def seeded_case(device: str, dtype: torch.dtype, T: int, B: int, F: int, S: int, lengths):
+    """A case seeded by its sizes: its generator, the arguments drawn from
+    it and the batch sizes (None: whole); skipped where `device` is not
+    there."""
+    need(device)
+    gen = torch.Generator().manual_seed(T * B + S)
+    args = make_args(T, B, F, S, dtype=dtype, device=device, generator=gen)
+    return gen, args, None if lengths is None else batch_sizes_of(lengths, T)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("chunks", ["1", "4", "3", "100"])
@@ -2448,10 +2458,7 @@ def test_inference_matches_the_forward(device, dtype, chunks, T, B, F, S, length
     """sequence_inference (what a no-grad forward runs) gives sequence_forward's
     outputs and final state, whole and packed, with the steps in chunks of
     every length (LLTM_OP_SEQUENCE_INFERENCE_CHUNKS; 100: chunks of 2 steps)."""
-    need(device)
-    gen = torch.Generator().manual_seed(T * B + S)
-    args = make_args(T, B, F, S, dtype=dtype, device=device, generator=gen)
-    bs = None if lengths is None else batch_sizes_of(lengths, T)
+    _, args, bs = seeded_case(device, dtype, T, B, F, S, lengths)
     if lengths is not None:
         for r, n in enumerate(lengths):
             args[0][n:, r] = 0
@@ -2464,15 +2471,12 @@ def test_inference_matches_the_forward(device, dtype, chunks, T, B, F, S, length
 
 
 def path_case(path: str, dtype: torch.dtype, T: int, B: int, F: int, S: int, lengths):
-    """A case for a forced CUDA path (PACKED_PATHS): its generator, the
-    arguments drawn from it and the batch sizes (None: whole); skipped where
+    """seeded_case for a forced CUDA path (PACKED_PATHS); skipped where
     TF32 meets a 16-bit dtype."""
     need("cuda")
     if path == "tf32" and dtype != torch.float32:
         pytest.skip("TF32 is float32's")
-    gen = torch.Generator().manual_seed(T * B + S)
-    args = make_args(T, B, F, S, dtype=dtype, device="cuda", generator=gen)
-    return gen, args, None if lengths is None else batch_sizes_of(lengths, T)
+    return seeded_case("cuda", dtype, T, B, F, S, lengths)
 
 
 @pytest.mark.cuda
@@ -2539,10 +2543,7 @@ def test_backward_takes_grad_outputs_of_any_layout(device, dtype, layout, chunks
     chunks) gives the gradients of the same values made dense first, bit for
     bit, whole and packed, in one chunk and in chunks of 4 and 3 steps
     (LLTM_OP_SEQUENCE_CHUNKS)."""
-    need(device)
-    gen = torch.Generator().manual_seed(T * B + S)
-    args = make_args(T, B, F, S, dtype=dtype, device=device, generator=gen)
-    bs = None if lengths is None else batch_sizes_of(lengths, T)
+    gen, args, bs = seeded_case(device, dtype, T, B, F, S, lengths)
     with env(LLTM_OP_SEQUENCE_CHUNKS=chunks):
         check_backward_of_any_layout(args, layout, bs, False, gen)
 
